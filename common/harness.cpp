@@ -1,0 +1,328 @@
+// FlashAttention, step by step — common/harness.cpp
+#include "harness.h"
+
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "dropout.h"
+#include "dtype.h"
+#include "npy.h"
+#include "random.h"
+#include "step1_cpu_reference/reference.h"
+#ifdef FA_WITH_CUDA
+#include "cuda_util.h"
+#endif
+
+#ifndef FA_GIT_REV
+#define FA_GIT_REV "unknown"
+#endif
+
+namespace fa {
+
+void add_common_options(CLI::App& app, CommonOptions& o) {
+  Problem& p = o.problem;
+  app.add_option("--batch", p.B, "batch size B")->capture_default_str();
+  app.add_option("--heads", p.Hq, "query heads Hq")->capture_default_str();
+  app.add_option("--kv-heads", o.kv_heads, "key/value heads Hkv (default: = heads; Hq % Hkv == 0 for GQA)");
+  app.add_option("--seq", o.seq, "sequence length: sets both Nq and Nk (default 1024)");
+  app.add_option("--seq-q", o.seq_q, "query length Nq");
+  app.add_option("--seq-k", o.seq_k, "key/value length Nk");
+  app.add_option("--dim", p.d, "head dimension d")->capture_default_str();
+  app.add_flag("--causal", p.causal, "causal mask: query i sees key j iff j <= input_pos + i");
+  app.add_option("--input-pos", o.input_pos, "absolute position of query 0 (default Nk - Nq, bottom-right)");
+  app.add_option("--scale", o.scale, "softmax scale (default 1/sqrt(d))");
+  app.add_option("--dtype", o.dtype, "storage type of Q, K, V, O: bf16 | fp16 | fp32")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
+      ->capture_default_str();
+  app.add_option("--dropout", p.dropout, "dropout probability p in [0, 1)")->capture_default_str();
+  app.add_option("--seed", p.seed, "seed of the random inputs and the dropout mask")->capture_default_str();
+  app.add_flag("--backward", p.backward, "also run the backward pass (stages that have one)");
+  app.add_option("--variant", o.variant, "stage variant (see the stage's README)");
+  app.add_option("--inputs", o.inputs_dir, "read q.npy, k.npy, v.npy (and do.npy) float32 from DIR");
+  app.add_option("--dump", o.dump_dir, "write o.npy, lse.npy (and dq/dk/dv, dropout_mask) to DIR");
+  app.add_flag("--check", o.check, "compare with step 1 in fp64; exit 1 if the tolerance rule fails");
+  app.add_flag("--bench", o.bench, "time the stage: median of warmed-up runs");
+  app.add_option("--json", o.json_file, "append one JSON record per run to FILE");
+}
+
+Inputs random_inputs(const Problem& p) {
+  Inputs in;
+  in.q = random_tensor({p.B, p.Hq, p.Nq, p.d}, p.seed, 1, 0.3f, p.dtype);
+  in.k = random_tensor({p.B, p.Hkv, p.Nk, p.d}, p.seed, 2, 0.3f, p.dtype);
+  in.v = random_tensor({p.B, p.Hkv, p.Nk, p.d}, p.seed, 3, 0.5f, p.dtype);
+  if (p.backward) in.dout = random_tensor({p.B, p.Hq, p.Nq, p.d}, p.seed, 4, 0.5f, p.dtype);
+  return in;
+}
+
+static Tensor load_checked(const std::string& dir, const std::string& name) {
+  Tensor t = read_npy(dir + "/" + name);
+  if (t.shape.size() != 4)
+    throw std::runtime_error(dir + "/" + name + ": expected 4 dimensions [B, H, N, d], got " + shape_str(t.shape));
+  return t;
+}
+
+Inputs prepare_inputs(CommonOptions& o) {
+  Problem& p = o.problem;
+  p.dtype = parse_dtype(o.dtype);
+  Inputs in;
+  if (!o.inputs_dir.empty()) {
+    in.q = load_checked(o.inputs_dir, "q.npy");
+    in.k = load_checked(o.inputs_dir, "k.npy");
+    in.v = load_checked(o.inputs_dir, "v.npy");
+    if (in.k.shape != in.v.shape)
+      throw std::invalid_argument("k.npy " + shape_str(in.k.shape) + " and v.npy " + shape_str(in.v.shape) +
+                                  " must have the same shape");
+    if (in.q.shape[0] != in.k.shape[0] || in.q.shape[3] != in.k.shape[3])
+      throw std::invalid_argument("q.npy " + shape_str(in.q.shape) + " and k.npy " + shape_str(in.k.shape) +
+                                  " must agree in batch (dim 0) and head dim (dim 3)");
+    p.B = in.q.shape[0];
+    p.Hq = in.q.shape[1];
+    p.Nq = in.q.shape[2];
+    p.d = in.q.shape[3];
+    p.Hkv = in.k.shape[1];
+    p.Nk = in.k.shape[2];
+    if (p.backward) {
+      in.dout = load_checked(o.inputs_dir, "do.npy");
+      if (in.dout.shape != in.q.shape)
+        throw std::invalid_argument("do.npy " + shape_str(in.dout.shape) + " must have q.npy's shape " +
+                                    shape_str(in.q.shape));
+    }
+    if (p.Hkv > 0 && p.Hq % p.Hkv != 0)
+      throw std::invalid_argument("q.npy has " + std::to_string(p.Hq) + " heads, not a multiple of k.npy's " +
+                                  std::to_string(p.Hkv));
+  } else {
+    p.Hkv = o.kv_heads.value_or(p.Hq);
+    p.Nq = o.seq_q.value_or(o.seq.value_or(1024));
+    p.Nk = o.seq_k.value_or(o.seq.value_or(1024));
+  }
+  p.input_pos = o.input_pos.value_or(p.Nk - p.Nq);
+  p.scale = o.scale.value_or(p.d > 0 ? float(1.0 / std::sqrt(double(p.d))) : 1.0f);
+  p.validate();
+  if (!o.inputs_dir.empty()) {
+    for (Tensor* t : {&in.q, &in.k, &in.v, &in.dout}) round_tensor(*t, p.dtype);
+  } else {
+    in = random_inputs(p);
+  }
+  return in;
+}
+
+const char* CheckReport::name(int k) {
+  static const char* n[] = {"O", "LSE", "dQ", "dK", "dV"};
+  return n[k];
+}
+
+CheckReport check_against_reference(const Problem& p, const Inputs& in, const Outputs& got) {
+  const auto ref = step1::attention<double>(p, in, p.backward);
+  const auto base = step1::attention<float>(p, in, p.backward, p.dtype);
+  CheckReport r;
+  r.n = p.backward ? 5 : 2;
+  const Tensor* g[] = {&got.o, &got.lse, &got.dq, &got.dk, &got.dv};
+  const TensorT<double>* rf[] = {&ref.o, &ref.lse, &ref.dq, &ref.dk, &ref.dv};
+  const Tensor* bs[] = {&base.o, &base.lse, &base.dq, &base.dk, &base.dv};
+  for (int k = 0; k < r.n; ++k) {
+    r.stage[k] = compare(*g[k], *rf[k]);
+    r.baseline[k] = compare(*bs[k], *rf[k]);
+    r.verdict[k] = tolerance_rule(r.stage[k], r.baseline[k]);
+    r.pass = r.pass && r.verdict[k].pass;
+  }
+  return r;
+}
+
+// ---- timing ----------------------------------------------------------------------------------------
+
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+Timing time_runner(Runner& r, const Stage& s, bool backward) {
+  using clock = std::chrono::steady_clock;
+  Timing t;
+  auto measure = [&](auto&& work) {
+    // Warm-up, then a repetition count that fills about 0.3 s (at least 5, at most 100 runs).
+    std::vector<double> ms;
+#ifdef FA_WITH_CUDA
+    if (s.gpu) {
+      for (int i = 0; i < 3; ++i) work();
+      GpuTimer timer;
+      timer.flush_l2();
+      const double once = timer.time(work);
+      const int reps = std::clamp(int(300.0 / std::max(once, 1e-3)), 5, 100);
+      for (int i = 0; i < reps; ++i) {
+        timer.flush_l2();  // every run starts from cold K/V, as in a real model step
+        ms.push_back(timer.time(work));
+      }
+      return median(ms);
+    }
+#endif
+    (void)s;
+    work();
+    const auto t0 = clock::now();
+    work();
+    const double once = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+    const int reps = std::clamp(int(1000.0 / std::max(once, 1e-3)), 3, 50);
+    for (int i = 0; i < reps; ++i) {
+      const auto a = clock::now();
+      work();
+      ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - a).count());
+    }
+    return median(ms);
+  };
+  t.fwd_ms = measure([&] { r.run(); });
+  if (backward) {
+    r.run();
+    t.bwd_ms = measure([&] { r.run_backward(); });
+  }
+  return t;
+}
+
+// ---- device, version, records ---------------------------------------------------------------------
+
+std::string device_name(bool gpu) {
+#ifdef FA_WITH_CUDA
+  if (gpu) return gpu_name();
+#endif
+  (void)gpu;
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "CPU";
+}
+
+std::string cuda_version() {
+#ifdef FA_WITH_CUDA
+  return cuda_runtime_version();
+#else
+  return "";
+#endif
+}
+
+std::string git_revision() { return FA_GIT_REV; }
+
+static void print_check(const CheckReport& r) {
+  std::printf("  %-4s %12s %12s %12s %12s  %s\n", "out", "max_abs", "rel_l2", "naive_lowp", "tolerance", "verdict");
+  for (int k = 0; k < r.n; ++k) {
+    const auto& e = r.stage[k];
+    std::printf("  %-4s %12.3e %12.3e %12.3e %12.3e  %s", CheckReport::name(k), e.max_abs, e.rel_l2,
+                r.baseline[k].max_abs, r.verdict[k].tolerance, r.verdict[k].pass ? "pass" : "FAIL");
+    if (!e.ok_shape) std::printf(" (wrong shape)");
+    if (e.unwritten) std::printf(" (%zu elements unwritten/NaN)", e.unwritten);
+    if (e.mismatched_inf) std::printf(" (%zu infinities differ)", e.mismatched_inf);
+    std::printf("\n");
+  }
+}
+
+static void append_json(const std::string& file, const nlohmann::json& rec) {
+  std::ofstream f(file, std::ios::app);
+  if (!f) throw std::runtime_error("cannot open " + file + " for appending");
+  f << rec.dump() << "\n";
+}
+
+static std::vector<uint8_t> dropout_mask(const Problem& p) {
+  const DropoutParams dp = make_dropout(p.dropout, p.seed);
+  std::vector<uint8_t> m(size_t(p.B * p.Hq * p.Nq * p.Nk));
+  size_t k = 0;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.Hq; ++h)
+      for (int64_t i = 0; i < p.Nq; ++i)
+        for (int64_t j = 0; j < p.Nk; ++j) m[k++] = dropout_keep(dp, uint32_t(b), uint32_t(h), uint32_t(i), uint32_t(j));
+  return m;
+}
+
+int run_stage(const Stage& s, CommonOptions& o) {
+  Inputs in = prepare_inputs(o);
+  Problem& p = o.problem;
+  const std::string variant = o.variant.empty() ? (s.variants.empty() ? "" : s.variants[0]) : o.variant;
+  if (!o.variant.empty() && std::find(s.variants.begin(), s.variants.end(), o.variant) == s.variants.end())
+    throw std::invalid_argument(s.name + " has no variant '" + o.variant + "'");
+  if (p.backward && !s.has_backward) throw std::invalid_argument(s.name + " has no backward pass (--backward)");
+  if (const std::string why = s.unsupported(p, variant); !why.empty())
+    throw std::invalid_argument(s.name + " cannot run this problem: " + why);
+  if (s.gpu)
+    if (const std::string why = gpu_unavailable_reason(); !why.empty())
+      throw std::runtime_error(s.name + " needs a CUDA GPU: " + why);
+  if (!o.dump_dir.empty()) {
+    struct stat st;
+    if (stat(o.dump_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw std::runtime_error("--dump: " + o.dump_dir + " is not an existing directory");
+  }
+
+  std::printf("%s%s%s: %s\n", s.name.c_str(), variant.empty() ? "" : " --variant ", variant.c_str(),
+              p.describe().c_str());
+  auto runner = s.make(p, in, variant);
+  runner->run();
+  if (p.backward) runner->run_backward();
+  const Outputs out = runner->outputs();
+
+  int rc = 0;
+  nlohmann::json rec = {{"stage", s.name},     {"variant", variant},       {"B", p.B},
+                        {"Hq", p.Hq},          {"Hkv", p.Hkv},             {"Nq", p.Nq},
+                        {"Nk", p.Nk},          {"d", p.d},                 {"causal", p.causal},
+                        {"input_pos", p.input_pos}, {"scale", p.scale},    {"dtype", dtype_name(p.dtype)},
+                        {"dropout", p.dropout}, {"seed", p.seed},          {"backward", p.backward},
+                        {"device", device_name(s.gpu)}, {"cuda", cuda_version()}, {"git", git_revision()}};
+  if (o.check) {
+    const CheckReport r = check_against_reference(p, in, out);
+    std::printf("check against step 1 (fp64), rule: max_abs <= 2 * naive_lowp + 1e-5 * max(1, |ref|)\n");
+    print_check(r);
+    for (int k = 0; k < r.n; ++k) rec["err_" + std::string(CheckReport::name(k))] = r.stage[k].max_abs;
+    rec["pass"] = r.pass;
+    if (!r.pass) rc = 1;
+  }
+  if (o.bench) {
+    const Timing t = time_runner(*runner, s, p.backward);
+    const double unit = s.gpu ? 1e12 : 1e9;
+    const char* uname = s.gpu ? "TFLOP/s" : "GFLOP/s";
+    std::printf("forward:  %10.3f ms  %8.2f %s\n", t.fwd_ms, p.flops_forward() / (t.fwd_ms * 1e-3) / unit, uname);
+    rec["fwd_ms"] = t.fwd_ms;
+    rec["fwd_tflops"] = p.flops_forward() / (t.fwd_ms * 1e-3) / 1e12;
+    if (p.backward) {
+      std::printf("backward: %10.3f ms  %8.2f %s\n", t.bwd_ms, p.flops_backward() / (t.bwd_ms * 1e-3) / unit, uname);
+      rec["bwd_ms"] = t.bwd_ms;
+      rec["bwd_tflops"] = p.flops_backward() / (t.bwd_ms * 1e-3) / 1e12;
+    }
+  }
+  if (!o.dump_dir.empty()) {
+    AtomicFileSet files;
+    const std::string dir = o.dump_dir + "/";
+    files.add_f32(dir + "o.npy", out.o);
+    files.add_f32(dir + "lse.npy", out.lse);
+    if (p.backward) {
+      files.add_f32(dir + "dq.npy", out.dq);
+      files.add_f32(dir + "dk.npy", out.dk);
+      files.add_f32(dir + "dv.npy", out.dv);
+    }
+    if (p.dropout > 0 && p.B * p.Hq * p.Nq * p.Nk <= (int64_t(1) << 26))
+      files.add_u8(dir + "dropout_mask.npy", {p.B, p.Hq, p.Nq, p.Nk}, dropout_mask(p));
+    files.commit();
+    std::printf("wrote %s{o,lse%s%s}.npy\n", dir.c_str(), p.backward ? ",dq,dk,dv" : "",
+                p.dropout > 0 ? ",dropout_mask" : "");
+  }
+  if (!o.json_file.empty()) append_json(o.json_file, rec);
+  return rc;
+}
+
+int stage_main(const std::string& stage_name, int argc, char** argv) {
+  try {
+    const Stage& s = find_stage(stage_name);
+    CLI::App app{s.name + ": " + s.title};
+    CommonOptions o;
+    add_common_options(app, o);
+    CLI11_PARSE(app, argc, argv);
+    return run_stage(s, o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", stage_name.c_str(), e.what());
+    return 2;
+  }
+}
+
+}  // namespace fa

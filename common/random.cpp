@@ -1,0 +1,22 @@
+// FlashAttention, step by step — common/random.cpp
+#include "random.h"
+
+#include <random>
+
+#include "dtype.h"
+
+namespace fa {
+
+Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed, uint64_t stream, float mean, DType round) {
+  Tensor t(std::move(shape));
+  std::mt19937_64 gen(seed * 0x9E3779B97F4A7C15ull + stream * 0xD1B54A32D192ED03ull + 1);
+  std::normal_distribution<float> normal(mean, 1.0f);
+  for (auto& x : t.data) x = round_to(round, normal(gen));
+  return t;
+}
+
+void round_tensor(Tensor& x, DType t) {
+  for (auto& v : x.data) v = round_to(t, v);
+}
+
+}  // namespace fa

@@ -1,0 +1,60 @@
+// FlashAttention, step by step — common/registry.cpp
+// The one list of stages, in tutorial order. The CLI, the tests, the tour and the benchmarks iterate it;
+// a stage joins the course by adding one line here.
+#include <stdexcept>
+
+#include "stage.h"
+#include "step1_cpu_reference/reference.h"
+#if __has_include("step2_online_softmax/online.h")
+#include "step2_online_softmax/online.h"
+#define FA_HAVE_STEP2
+#endif
+#ifdef FA_WITH_CUDA
+#include "cuda_util.h"
+#if __has_include("step3_naive_kernel/naive.h")
+#include "step3_naive_kernel/naive.h"
+#define FA_HAVE_STEP3
+#endif
+#endif
+
+namespace fa {
+
+const std::vector<Stage>& stages() {
+  static const std::vector<Stage> all = [] {
+    std::vector<Stage> v;
+    v.push_back(step1::stage());
+#ifdef FA_HAVE_STEP2
+    v.push_back(step2::stage());
+#endif
+#ifdef FA_WITH_CUDA
+#ifdef FA_HAVE_STEP3
+    v.push_back(step3::stage());
+#endif
+#endif
+    return v;
+  }();
+  return all;
+}
+
+const Stage& find_stage(const std::string& name) {
+  for (const Stage& s : stages())
+    if (s.name == name) return s;
+  throw std::invalid_argument("no stage named '" + name + "' in this build");
+}
+
+std::string gpu_unavailable_reason() {
+#ifdef FA_WITH_CUDA
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")";
+  }
+  if (n == 0) return "no CUDA device found";
+  return "";
+#else
+  return "this build has no CUDA (nvcc was not found at configure time)";
+#endif
+}
+
+}  // namespace fa

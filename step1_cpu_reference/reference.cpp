@@ -1,0 +1,151 @@
+// FlashAttention, step by step — step 1: the CPU reference (step1_cpu_reference/reference.cpp)
+// See reference.h for the equations. Eigen does the matrix products; everything else is plain loops.
+#include "reference.h"
+
+#include <Eigen/Dense>
+#include <cmath>
+#include <limits>
+
+#include "common/dropout.h"
+#include "common/dtype.h"
+
+namespace fa::step1 {
+
+template <typename T>
+using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMapF = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+
+template <typename T>
+Result<T> attention(const Problem& p, const Inputs& in, bool backward, DType emulate) {
+  const int64_t B = p.B, Hq = p.Hq, Hkv = p.Hkv, Nq = p.Nq, Nk = p.Nk, d = p.d, G = p.group();
+  const T scale = T(p.scale);
+  const T inf = std::numeric_limits<T>::infinity();
+  const DropoutParams drop = make_dropout(p.dropout, p.seed);
+  const T keep_scale = T(1) / (T(1) - T(p.dropout));
+
+  // Rounds a whole matrix to the emulated precision (no-op in fp32 mode).
+  auto rnd = [&](Mat<T>& m) {
+    if (emulate != DType::fp32) m = m.unaryExpr([&](T x) { return T(round_to(emulate, float(x))); });
+  };
+
+  Result<T> r;
+  r.o = TensorT<T>({B, Hq, Nq, d});
+  r.lse = TensorT<T>({B, Hq, Nq});
+  if (backward) {
+    r.dq = TensorT<T>({B, Hq, Nq, d});
+    r.dk = TensorT<T>({B, Hkv, Nk, d});
+    r.dv = TensorT<T>({B, Hkv, Nk, d});
+  }
+
+  // One (b, kv head) per iteration, so the GQA sums into dK/dV stay inside one thread.
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t hk = 0; hk < Hkv; ++hk) {
+      const int64_t kv_off = (b * Hkv + hk) * Nk * d;
+      const Mat<T> K = ConstMapF(in.k.ptr() + kv_off, Nk, d).cast<T>();  // [Nk, d]
+      const Mat<T> V = ConstMapF(in.v.ptr() + kv_off, Nk, d).cast<T>();  // [Nk, d]
+      Mat<T> dK_sum = Mat<T>::Zero(Nk, d), dV_sum = Mat<T>::Zero(Nk, d);
+
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+        const int64_t q_off = (b * Hq + h) * Nq * d;
+        const Mat<T> Q = ConstMapF(in.q.ptr() + q_off, Nq, d).cast<T>();  // [Nq, d]
+
+        // S = scale * Q K^T, then the mask.                                  [Nq, Nk]
+        Mat<T> S = scale * (Q * K.transpose());
+        rnd(S);
+        for (int64_t i = 0; i < Nq; ++i)
+          for (int64_t j = 0; j < Nk; ++j)
+            if (!sees(p.causal, p.input_pos, i, j)) S(i, j) = -inf;
+
+        // 3-pass safe softmax: row max, row sum of exp(S - max), normalise.  [Nq, Nk]
+        Mat<T> P(Nq, Nk);
+        for (int64_t i = 0; i < Nq; ++i) {
+          const T m = S.row(i).maxCoeff();
+          T* lse = &r.lse.data[(b * Hq + h) * Nq + i];
+          if (m == -inf) {  // the row sees no key: O = 0, LSE = -inf
+            P.row(i).setZero();
+            *lse = -inf;
+            continue;
+          }
+          T l = 0;
+          for (int64_t j = 0; j < Nk; ++j) l += (P(i, j) = std::exp(S(i, j) - m));
+          P.row(i) /= l;
+          *lse = m + std::log(l);
+        }
+        rnd(P);
+
+        // Dropout: Z is 0 or 1/(1-p) per element, from the shared Philox mask.   [Nq, Nk]
+        Mat<T> Z = Mat<T>::Ones(Nq, Nk);
+        if (drop.threshold != 0)
+          for (int64_t i = 0; i < Nq; ++i)
+            for (int64_t j = 0; j < Nk; ++j)
+              Z(i, j) = dropout_keep(drop, uint32_t(b), uint32_t(h), uint32_t(i), uint32_t(j)) ? keep_scale : T(0);
+        Mat<T> Pd = P.cwiseProduct(Z);
+        rnd(Pd);
+
+        Mat<T> O = Pd * V;  // [Nq, d]
+        rnd(O);
+        Eigen::Map<Mat<T>>(r.o.ptr() + q_off, Nq, d) = O;
+        if (!backward) continue;
+
+        const Mat<T> dO = ConstMapF(in.dout.ptr() + q_off, Nq, d).cast<T>();  // [Nq, d]
+        const Eigen::Matrix<T, Eigen::Dynamic, 1> D = dO.cwiseProduct(O).rowwise().sum();  // [Nq]
+        Mat<T> dV = Pd.transpose() * dO;  // [Nk, d]
+        Mat<T> dPd = dO * V.transpose();  // [Nq, Nk]
+        rnd(dPd);
+        Mat<T> dP = dPd.cwiseProduct(Z);
+        rnd(dP);
+        Mat<T> dS = P.cwiseProduct(dP.colwise() - D);  // [Nq, Nk]
+        rnd(dS);
+        Mat<T> dQ = scale * (dS * K);  // [Nq, d]
+        rnd(dQ);
+        Eigen::Map<Mat<T>>(r.dq.ptr() + q_off, Nq, d) = dQ;
+        dK_sum += scale * (dS.transpose() * Q);
+        dV_sum += dV;
+      }
+      if (backward) {
+        rnd(dK_sum);
+        rnd(dV_sum);
+        Eigen::Map<Mat<T>>(r.dk.ptr() + kv_off, Nk, d) = dK_sum;
+        Eigen::Map<Mat<T>>(r.dv.ptr() + kv_off, Nk, d) = dV_sum;
+      }
+    }
+  }
+  return r;
+}
+
+template Result<float> attention<float>(const Problem&, const Inputs&, bool, DType);
+template Result<double> attention<double>(const Problem&, const Inputs&, bool, DType);
+
+namespace {
+
+class CpuRunner final : public Runner {
+ public:
+  CpuRunner(const Problem& p, const Inputs& in) : p_(p), in_(in) {}
+  void run() override { res_ = attention<float>(p_, in_, false); }
+  // The reference recomputes the forward inside its backward: step 1 keeps nothing between calls.
+  void run_backward() override { res_ = attention<float>(p_, in_, true); }
+  Outputs outputs() override { return {res_.o, res_.lse, res_.dq, res_.dk, res_.dv}; }
+
+ private:
+  Problem p_;
+  const Inputs& in_;
+  Result<float> res_;
+};
+
+}  // namespace
+
+Stage stage() {
+  Stage s;
+  s.name = "step1_cpu_reference";
+  s.title = "CPU reference (Eigen, fp32)";
+  s.gpu = false;
+  s.has_backward = true;
+  s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
+  s.make = [](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
+    return std::make_unique<CpuRunner>(p, in);
+  };
+  return s;
+}
+
+}  // namespace fa::step1

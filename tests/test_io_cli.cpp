@@ -1,0 +1,171 @@
+// FlashAttention, step by step — tests of the harness: .npy I/O and the command line's handling of bad input.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "common/harness.h"
+#include "common/npy.h"
+
+namespace fa {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh, empty directory per test.
+fs::path temp_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("fa_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Runs step 1's main() in-process with `args`; returns the exit code and what it printed to stderr.
+std::pair<int, std::string> run_cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "step1_cpu_reference");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
+  const int rc = stage_main("step1_cpu_reference", int(argv.size()), argv.data());
+  ::testing::internal::GetCapturedStdout();
+  return {rc, ::testing::internal::GetCapturedStderr()};
+}
+
+void write_bytes(const fs::path& p, const std::string& bytes) {
+  std::ofstream f(p, std::ios::binary);
+  f << bytes;
+}
+
+TEST(Npy, RoundTripKeepsShapeAndValues) {
+  const fs::path d = temp_dir("npy");
+  Tensor t({2, 3, 5});
+  for (size_t i = 0; i < t.size(); ++i) t.data[i] = 0.25f * float(i) - 1.0f;
+  write_npy((d / "t.npy").string(), t);
+  const Tensor r = read_npy((d / "t.npy").string());
+  EXPECT_EQ(r.shape, t.shape);
+  EXPECT_EQ(r.data, t.data);
+  // The header is padded so the data starts on a 64-byte boundary, as NumPy does.
+  EXPECT_EQ(fs::file_size(d / "t.npy") % 64, (t.size() * 4) % 64);
+}
+
+TEST(Npy, MalformedFilesGiveClearErrors) {
+  const fs::path d = temp_dir("bad_npy");
+  Tensor t({4});
+  write_npy((d / "good.npy").string(), t);
+  std::ifstream f(d / "good.npy", std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(f)), {});
+
+  struct Bad {
+    std::string name, bytes, message;
+  };
+  std::string f8 = good;
+  f8.replace(f8.find("<f4"), 3, "<f8");
+  const std::vector<Bad> cases = {
+      {"magic.npy", "PK\x03\x04 not numpy at all", "magic"},
+      {"f8.npy", f8, "float32"},
+      {"short.npy", good.substr(0, good.size() - 3), "fewer"},
+      {"long.npy", good + "xxxx", "more data"},
+      {"empty.npy", "", "magic"},
+  };
+  for (const Bad& b : cases) {
+    write_bytes(d / b.name, b.bytes);
+    try {
+      read_npy((d / b.name).string());
+      ADD_FAILURE() << b.name << " was accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(b.name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(b.message), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(read_npy((d / "missing.npy").string()), std::runtime_error);
+}
+
+TEST(Cli, BadProblemsExitNonZeroWithOneMessage) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--heads", "6", "--kv-heads", "4"}, "multiple of kv-heads"},
+      {{"--dim", "0"}, "head dim must be positive"},
+      {{"--batch", "-1"}, "batch must be positive"},
+      {{"--seq", "-5"}, "sequence lengths must be positive"},
+      {{"--dropout", "1"}, "dropout must be in [0, 1)"},
+      {{"--dropout", "-0.1"}, "dropout must be in [0, 1)"},
+      {{"--dtype", "fp8"}, "fp8"},
+      {{"--variant", "nope"}, "no variant"},
+  };
+  for (const auto& [args, msg] : cases) {
+    const auto [rc, err] = run_cli(args);
+    EXPECT_NE(rc, 0) << args[0];
+    EXPECT_NE(err.find(msg), std::string::npos) << "stderr was: " << err;
+  }
+}
+
+TEST(Cli, DumpWritesNumpyFilesWithTheDocumentedShapes) {
+  const fs::path d = temp_dir("dump");
+  const auto [rc, err] = run_cli({"--batch", "2", "--heads", "4", "--kv-heads", "2", "--seq-q", "5", "--seq-k", "7",
+                                  "--dim", "8", "--causal", "--dropout", "0.2", "--backward", "--check", "--dump",
+                                  d.string()});
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_EQ(read_npy((d / "o.npy").string()).shape, (std::vector<int64_t>{2, 4, 5, 8}));
+  EXPECT_EQ(read_npy((d / "lse.npy").string()).shape, (std::vector<int64_t>{2, 4, 5}));
+  EXPECT_EQ(read_npy((d / "dq.npy").string()).shape, (std::vector<int64_t>{2, 4, 5, 8}));
+  EXPECT_EQ(read_npy((d / "dk.npy").string()).shape, (std::vector<int64_t>{2, 2, 7, 8}));
+  EXPECT_EQ(read_npy((d / "dv.npy").string()).shape, (std::vector<int64_t>{2, 2, 7, 8}));
+  EXPECT_TRUE(fs::exists(d / "dropout_mask.npy"));
+  for (const auto& e : fs::directory_iterator(d)) EXPECT_EQ(e.path().extension(), ".npy") << e.path();
+}
+
+TEST(Cli, InputsRoundTripThroughDump) {
+  const fs::path in = temp_dir("inputs"), out = temp_dir("inputs_out");
+  Tensor q({1, 2, 3, 4}), k({1, 1, 6, 4}), v({1, 1, 6, 4});
+  for (Tensor* t : {&q, &k, &v})
+    for (size_t i = 0; i < t->size(); ++i) t->data[i] = 0.1f * float(i % 7) + 0.3f;
+  write_npy((in / "q.npy").string(), q);
+  write_npy((in / "k.npy").string(), k);
+  write_npy((in / "v.npy").string(), v);
+  const auto [rc, err] = run_cli({"--inputs", in.string(), "--dtype", "fp32", "--check", "--dump", out.string()});
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_EQ(read_npy((out / "o.npy").string()).shape, (std::vector<int64_t>{1, 2, 3, 4}));
+}
+
+TEST(Cli, BadInputsLeaveNoFileBehind) {
+  const fs::path in = temp_dir("bad_inputs"), out = temp_dir("bad_inputs_out");
+  write_npy((in / "q.npy").string(), Tensor({1, 3, 4, 8}));
+  write_npy((in / "k.npy").string(), Tensor({1, 2, 4, 8}));  // 3 query heads, 2 KV heads
+  write_npy((in / "v.npy").string(), Tensor({1, 2, 4, 8}));
+  auto [rc, err] = run_cli({"--inputs", in.string(), "--dump", out.string()});
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(err.find("not a multiple"), std::string::npos) << err;
+
+  write_npy((in / "v.npy").string(), Tensor({1, 2, 5, 8}));  // K and V disagree
+  std::tie(rc, err) = run_cli({"--inputs", in.string(), "--dump", out.string()});
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(err.find("same shape"), std::string::npos) << err;
+
+  write_bytes(in / "v.npy", "garbage");
+  std::tie(rc, err) = run_cli({"--inputs", in.string(), "--dump", out.string()});
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(err.find("v.npy"), std::string::npos) << err;
+
+  EXPECT_TRUE(fs::is_empty(out)) << "a failed run left files in " << out;
+}
+
+TEST(Cli, DumpToAMissingDirectoryFailsCleanly) {
+  const auto [rc, err] = run_cli({"--seq", "8", "--dim", "8", "--dump", "/nonexistent/dir"});
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(err.find("not an existing directory"), std::string::npos) << err;
+}
+
+TEST(AtomicFileSet, UncommittedFilesDisappear) {
+  const fs::path d = temp_dir("atomic");
+  {
+    AtomicFileSet files;
+    files.add_f32((d / "a.npy").string(), Tensor({3}));
+    // destroyed without commit(), as when a later write throws
+  }
+  EXPECT_TRUE(fs::is_empty(d));
+}
+
+}  // namespace
+}  // namespace fa
