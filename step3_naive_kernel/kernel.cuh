@@ -1,0 +1,106 @@
+// FlashAttention, step by step — step 3: the first CUDA kernel (step3_naive_kernel/kernel.cuh)
+//
+// What it adds over step 2: the same online-softmax loop, now on the GPU. One warp owns one query row
+// and walks over the keys in tiles of 32 (one key per lane), keeping the state (m_i, l_i, acc_i) of
+// common/online_softmax.h in registers. K and V are read straight from global memory into registers:
+// no shared memory, no tensor cores. The point is to prove the logic on the device before optimising.
+//
+// Per tile of keys j = t0 .. t0+31 (FlashAttention-2, Algorithm 1, lines 8-10, with Br = 1, Bc = 32):
+//   s_j     = scale * q_i . k_j                       one dot product per lane
+//   m_new   = max(m_i, max_j s_j)                     warp shuffle reduction
+//   alpha   = exp(m_i - m_new);  l_i = alpha l_i + sum_j exp(s_j - m_new)
+//   acc_i   = alpha acc_i + sum_j exp(s_j - m_new) * z_j v_j     (z_j: dropout keep / (1 - p))
+// and at the end O_i = acc_i / l_i, LSE_i = m_i + log(l_i).
+//
+// Why it is slow: every warp re-reads all of K and V from L2/HBM for its single row (no reuse across
+// rows), each lane reads a different row of K (scattered 16-byte loads), the products run on the fp32
+// CUDA cores (about 1/15 of the tensor cores' rate on an H100), and every weight is broadcast by a
+// shuffle. Step 4 fixes all four: tiles of Q share K/V through shared memory, loaded by TMA, and
+// mma.sync does the products.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "common/dropout.h"
+#include "common/gpu_runner.h"
+#include "common/gpu_types.h"
+#include "common/online_softmax.h"
+#include "common/problem.h"
+
+namespace fa::step3 {
+
+constexpr int kWarpsPerBlock = 4;  // 4 query rows per block: enough warps per SM to hide latency
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFullMask, x, o);
+  return x;
+}
+
+// q_i . k_j for one key row: D elements read with 16-byte vector loads.
+template <typename T, int D>
+__device__ __forceinline__ float dot_row(const float (&q)[D], const T* __restrict__ k_row) {
+  constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte load
+  float s = 0.0f;
+#pragma unroll
+  for (int c = 0; c < D; c += kVec) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(k_row + c);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int u = 0; u < kVec; ++u) s += q[c + u] * to_float(e[u]);
+  }
+  return s;
+}
+
+// grid = (ceil(Nq / kWarpsPerBlock), Hq, B), block = 32 * kWarpsPerBlock threads; warp w owns row i.
+template <typename T, int D>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) naive_forward(const AttnParams p) {
+  constexpr int kCols = D / 32;  // output columns per lane: lane owns columns lane, lane + 32, ...
+  const int lane = threadIdx.x % 32;
+  const int i = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int h = blockIdx.y, b = blockIdx.z;
+  if (i >= p.Nq) return;  // whole warps leave together, so the shuffles below stay warp-uniform
+  const int hk = h / p.group;
+
+  const T* q_row = static_cast<const T*>(p.q) + ((int64_t(b) * p.Hq + h) * p.Nq + i) * D;   // [D]
+  const T* K = static_cast<const T*>(p.k) + (int64_t(b) * p.Hkv + hk) * p.Nk * D;           // [Nk, D]
+  const T* V = static_cast<const T*>(p.v) + (int64_t(b) * p.Hkv + hk) * p.Nk * D;           // [Nk, D]
+
+  float q[D];  // the whole query row in every lane, pre-multiplied by the softmax scale
+#pragma unroll
+  for (int c = 0; c < D; ++c) q[c] = to_float(q_row[c]) * p.scale;
+
+  float acc[kCols] = {};
+  SoftmaxState st;  // (m_i, l_i) of this row; identical in all 32 lanes
+  const int n_keys = int(visible_keys(p.causal, p.input_pos, p.Nk, i));  // causal: stop at the diagonal
+
+  for (int t0 = 0; t0 < n_keys; t0 += 32) {
+    const int j = t0 + lane;  // this lane's key
+    const float s = j < n_keys ? dot_row<T, D>(q, K + int64_t(j) * D) : -INFINITY;
+    const float alpha = online_rescale(st, warp_max(s));  // st.m is now finite: the tile has a visible key
+    const float p_j = j < n_keys ? expf(s - st.m) : 0.0f;
+    st.l += warp_sum(p_j);  // l counts every weight, dropped or not: dropout acts after normalisation
+    const float w_j = dropout_keep(p.dropout, b, h, i, j) ? p_j * p.dropout.keep_scale : 0.0f;
+
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[c] *= alpha;
+    const int n_tile = min(32, n_keys - t0);
+    for (int jj = 0; jj < n_tile; ++jj) {
+      const float w = __shfl_sync(kFullMask, w_j, jj);  // broadcast key jj's weight
+      const T* v_row = V + int64_t(t0 + jj) * D;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[c] += w * to_float(v_row[c * 32 + lane]);  // coalesced
+    }
+  }
+
+  T* o_row = static_cast<T*>(p.o) + ((int64_t(b) * p.Hq + h) * p.Nq + i) * D;
+  const float inv = inv_l(st);  // 0 for a row that saw no key: O = 0
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) o_row[c * 32 + lane] = from_float<T>(acc[c] * inv);
+  if (lane == 0 && p.lse) p.lse[(int64_t(b) * p.Hq + h) * p.Nq + i] = row_lse(st);
+}
+
+}  // namespace fa::step3

@@ -1,0 +1,41 @@
+// FlashAttention, step by step — step 3: launching the first CUDA kernel (step3_naive_kernel/launch.cu)
+#include "kernel.cuh"
+#include "naive.h"
+
+namespace fa::step3 {
+namespace {
+
+class NaiveRunner final : public GpuRunner {
+ public:
+  using GpuRunner::GpuRunner;
+  void run() override {
+    dispatch_dtype(p_.dtype, /*allow_fp32=*/true, [&](auto t) {
+      using T = decltype(t);
+      dispatch_head_dim(int(p_.d), [&](auto dim) {
+        constexpr int D = decltype(dim)::value;
+        const dim3 grid((p_.Nq + kWarpsPerBlock - 1) / kWarpsPerBlock, p_.Hq, p_.B);
+        naive_forward<T, D><<<grid, 32 * kWarpsPerBlock>>>(params_);
+        CUDA_CHECK_LAUNCH();
+      });
+    });
+  }
+};
+
+}  // namespace
+
+Stage stage() {
+  Stage s;
+  s.name = "step3_naive_kernel";
+  s.title = "naive CUDA kernel: one warp per row, K/V through registers, fp32 CUDA cores";
+  s.gpu = true;
+  s.unsupported = [](const Problem& p, const std::string&) {
+    if (p.Nq > 65535 * kWarpsPerBlock || p.Hq > 65535 || p.B > 65535) return std::string("grid too large");
+    return head_dim_unsupported(p.d);
+  };
+  s.make = [](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
+    return std::make_unique<NaiveRunner>(p, in);
+  };
+  return s;
+}
+
+}  // namespace fa::step3

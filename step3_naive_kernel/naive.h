@@ -1,0 +1,7 @@
+// FlashAttention, step by step — step 3: the first CUDA kernel (registry entry).
+#pragma once
+#include "common/stage.h"
+
+namespace fa::step3 {
+Stage stage();
+}
