@@ -59,4 +59,10 @@ FA_HD MergeFactors merge_states(SoftmaxState& s1, const SoftmaxState& s2) {
   return {c1, c2};
 }
 
+// The vector half of the merge: acc1 = c1 * acc1 + c2 * acc2 over n values, with the factors that
+// merge_states returned. With the empty state on either side the result is the other side, exactly.
+FA_HD void merge_acc(float* acc1, const float* acc2, int n, MergeFactors c) {
+  for (int k = 0; k < n; ++k) acc1[k] = c.c1 * acc1[k] + c.c2 * acc2[k];
+}
+
 }  // namespace fa

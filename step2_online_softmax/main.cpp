@@ -1,0 +1,97 @@
+// FlashAttention, step by step — step 2's executable (step2_online_softmax/main.cpp)
+//
+//   step2_online_softmax --check --bench       every variant on the problem, one line each
+//   step2_online_softmax --variant fa2 --check one variant, with the harness's full report (and --dump, --json)
+//   step2_online_softmax --trace               the worked example N = 6, d = 2, M = 20, block by block
+//   step2_online_softmax --footprint           the intermediate memory of 3pass, 2pass and online
+// --tile sets the keys per tile of 2pass and online, --budget the on-chip floats M of fa1 and fa2.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "common/harness.h"
+#include "step2_online_softmax/online.h"
+
+namespace {
+
+std::string blocks_of(const std::string& v, const fa::step2::Config& cfg, int64_t d, int64_t Nk) {
+  if (v == "2pass" || v == "online")
+    return "tile " + std::to_string(cfg.tile) + " (T = " + std::to_string((Nk + cfg.tile - 1) / cfg.tile) + ")";
+  if (v == "fa1" || v == "fa2") {
+    const fa::step2::Blocks bl = fa::step2::blocks_from_budget(cfg.budget, d);
+    return "Br " + std::to_string(bl.Br) + " x Bc " + std::to_string(bl.Bc);
+  }
+  return "whole rows";
+}
+
+// Every variant on one set of inputs: check against step 1 and time, one line each.
+int run_all(const fa::Stage& s, fa::CommonOptions& o, const fa::step2::Config& cfg) {
+  if (!o.dump_dir.empty() || !o.json_file.empty())
+    throw std::invalid_argument("--dump and --json record one variant: add --variant");
+  if (o.problem.backward) throw std::invalid_argument(s.name + " has no backward pass (--backward)");
+  const fa::Inputs in = fa::prepare_inputs(o);
+  const fa::Problem& p = o.problem;
+  std::printf("%s: %s  (%.2f GFLOP)\n", s.name.c_str(), p.describe().c_str(), p.flops_forward() * 1e-9);
+  std::printf("%-8s %-20s %12s %12s %6s %11s %9s\n", "variant", "blocks", "max|O| err", "max|LSE| err", "check",
+              "time [ms]", "GFLOP/s");
+  int failures = 0;
+  for (const std::string& v : s.variants) {
+    std::printf("%-8s %-20s ", v.c_str(), blocks_of(v, cfg, p.d, p.Nk).c_str());
+    std::fflush(stdout);
+    auto runner = s.make(p, in, v);
+    runner->run();
+    if (o.check) {
+      const fa::CheckReport r = fa::check_against_reference(p, in, runner->outputs());
+      std::printf("%12.3e %12.3e %6s ", r.stage[0].max_abs, r.stage[1].max_abs, r.pass ? "pass" : "FAIL");
+      failures += r.pass ? 0 : 1;
+    } else {
+      std::printf("%12s %12s %6s ", "-", "-", "-");
+    }
+    if (o.bench) {
+      const fa::Timing t = fa::time_runner(*runner, s, false);
+      std::printf("%11.3f %9.2f\n", t.fwd_ms, p.flops_forward() / (t.fwd_ms * 1e-3) * 1e-9);
+    } else {
+      std::printf("%11s %9s\n", "-", "-");
+    }
+  }
+  if (o.check)
+    std::printf("errors against step 1 in fp64; check: max_abs <= 2 * (step 1 in %s) + 1e-5 * max(1, |ref|)\n",
+                fa::dtype_name(p.dtype));
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"step2_online_softmax: the online-softmax invariant on the CPU (3pass, 2pass, online, fa1, fa2)"};
+  fa::CommonOptions o;
+  fa::add_common_options(app, o);
+  fa::step2::Config cfg;
+  bool trace = false, footprint = false;
+  app.add_flag("--trace", trace, "print the worked example (N = 6, d = 2, M = 20) block by block, then exit");
+  app.add_flag("--footprint", footprint,
+               "print the intermediate memory of 3pass, 2pass and online for --seq-q, --seq-k, --dim, --tile");
+  app.add_option("--tile", cfg.tile, "keys per tile of 2pass and online")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--budget", cfg.budget, "on-chip floats M of fa1 and fa2: Bc = ceil(M / 4d), Br = min(Bc, d)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (trace) {
+      std::fputs(fa::step2::trace(o.problem.seed).c_str(), stdout);
+      return 0;
+    }
+    if (footprint) {
+      const int64_t Nq = o.seq_q.value_or(o.seq.value_or(1024)), Nk = o.seq_k.value_or(o.seq.value_or(1024));
+      if (Nq <= 0 || Nk <= 0 || o.problem.d <= 0) throw std::invalid_argument("sizes must be positive");
+      std::fputs(fa::step2::footprint_table(Nq, Nk, o.problem.d, cfg.tile, cfg.budget).c_str(), stdout);
+      return 0;
+    }
+    const fa::Stage s = fa::step2::stage(cfg);
+    return o.variant.empty() ? run_all(s, o, cfg) : fa::run_stage(s, o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "step2_online_softmax: error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,147 @@
+// FlashAttention, step by step — step 2: the whole problem, the registry entry and the footprint table
+// (step2_online_softmax/stage.cpp)
+//
+// attention() runs one variant on every (batch, query head) pair, in parallel over heads; the Runner wraps
+// it for the harness. footprint_table() counts the buffers each variant of passes.cpp allocates.
+#include <cstdio>
+#include <functional>
+#include <stdexcept>
+
+#include "tiles.h"
+
+namespace fa::step2 {
+
+Outputs attention(const Problem& p, const Inputs& in, const std::string& variant, const Config& cfg) {
+  const Blocks bl = blocks_from_budget(cfg.budget, p.d);
+  std::function<void(const Head&)> run;
+  if (variant == "3pass") run = [](const Head& hd) { attention_3pass(hd); };
+  else if (variant == "2pass") run = [&](const Head& hd) { attention_2pass(hd, cfg.tile); };
+  else if (variant == "online") run = [&](const Head& hd) { attention_online(hd, cfg.tile); };
+  else if (variant == "fa1") run = [&](const Head& hd) { attention_fa1(hd, bl); };
+  else if (variant == "fa2") run = [&](const Head& hd) { attention_fa2(hd, bl); };
+  else throw std::invalid_argument("step2 has no variant '" + variant + "'");
+
+  Outputs out;
+  out.o = Tensor({p.B, p.Hq, p.Nq, p.d});
+  out.lse = Tensor({p.B, p.Hq, p.Nq});
+  const DropoutParams drop = make_dropout(p.dropout, p.seed);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.Hq; ++h) {
+      const int64_t kv = (b * p.Hkv + h / p.group()) * p.Nk * p.d, qh = b * p.Hq + h;
+      Head hd;
+      hd.q = in.q.ptr() + qh * p.Nq * p.d;
+      hd.k = in.k.ptr() + kv;
+      hd.v = in.v.ptr() + kv;
+      hd.o = out.o.ptr() + qh * p.Nq * p.d;
+      hd.lse = out.lse.ptr() + qh * p.Nq;
+      hd.Nq = p.Nq;
+      hd.Nk = p.Nk;
+      hd.d = p.d;
+      hd.causal = p.causal;
+      hd.input_pos = p.input_pos;
+      hd.scale = p.scale;
+      hd.drop = drop;
+      hd.b = uint32_t(b);
+      hd.h = uint32_t(h);
+      run(hd);
+    }
+  return out;
+}
+
+namespace {
+
+class Step2Runner final : public Runner {
+ public:
+  Step2Runner(const Problem& p, const Inputs& in, std::string variant, Config cfg)
+      : p_(p), in_(in), variant_(std::move(variant)), cfg_(cfg) {}
+  void run() override { out_ = attention(p_, in_, variant_, cfg_); }
+  Outputs outputs() override { return out_; }
+
+ private:
+  Problem p_;
+  const Inputs& in_;
+  std::string variant_;
+  Config cfg_;
+  Outputs out_;
+};
+
+// printf into a std::string.
+template <typename... A>
+void out(std::string& s, const char* fmt, A... a) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, fmt, a...);
+  s += buf;
+}
+
+}  // namespace
+
+Stage stage(const Config& cfg) {
+  Stage s;
+  s.name = "step2_online_softmax";
+  s.title = "online softmax on the CPU: 3-pass, 2-pass, online, FlashAttention-1 and -2 loop orders";
+  s.gpu = false;
+  s.has_backward = false;
+  s.variants = {"3pass", "2pass", "online", "fa1", "fa2"};
+  s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
+  s.make = [cfg](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
+    return std::make_unique<Step2Runner>(p, in, v, cfg);
+  };
+  return s;
+}
+
+// One line per buffer: what it holds, its shape, floats per query row. "All rows" multiplies by Nq: the
+// footprint when every row of the head is in flight at once, as on a GPU.
+std::string footprint_table(int64_t Nq, int64_t Nk, int64_t d, int64_t tile, int64_t budget) {
+  const int64_t T = ceil_div(Nk, tile), t = std::min(tile, Nk);
+  struct Buf {
+    const char* variant;
+    const char* what;
+    std::string shape;
+    int64_t per_row;
+  };
+  const std::string sT = "[Nq, T=" + std::to_string(T) + "]";
+  const std::vector<Buf> bufs = {
+      {"3pass", "S, then P in place", "[Nq, Nk]", Nk},
+      {"3pass", "m, l", "[Nq] x 2", 2},
+      {"2pass", "E = exp(S - LM), then A", "[Nq, Nk]", Nk},
+      {"2pass", "LM, LS, PRM", sT + " x 3", 3 * T},
+      {"2pass", "GM, L", "[Nq] x 2", 2},
+      {"online", "one tile of s, then p", "[Nq, tile]", t},
+      {"online", "m, l", "[Nq] x 2", 2},
+  };
+  std::string s;
+  out(s, "intermediate memory of one head: Nq = %lld query rows, Nk = %lld keys, d = %lld, tile = %lld keys\n",
+      (long long)Nq, (long long)Nk, (long long)d, (long long)tile);
+  out(s, "(the output O [Nq, d], which online uses as its accumulator acc, and LSE [Nq] are not counted)\n\n");
+  out(s, "%-7s %-25s %-16s %12s %14s %12s\n", "variant", "buffer", "shape", "floats/row", "floats, all", "bytes, all");
+  auto total = [&](const char* v) {
+    int64_t n = 0;
+    for (const Buf& b : bufs)
+      if (std::string(b.variant) == v) n += b.per_row;
+    return n;
+  };
+  const int64_t base = total("3pass");
+  for (size_t k = 0; k < bufs.size(); ++k) {
+    const Buf& b = bufs[k];
+    out(s, "%-7s %-25s %-16s %12lld %14lld %12lld\n", b.variant, b.what, b.shape.c_str(), (long long)b.per_row,
+        (long long)(b.per_row * Nq), (long long)(4 * b.per_row * Nq));
+    if (k + 1 == bufs.size() || std::string(bufs[k + 1].variant) != b.variant) {
+      const int64_t n = total(b.variant);
+      out(s, "%-7s %-25s %-16s %12lld %14lld %12lld   %.2fx of 3pass\n", b.variant, "total", "", (long long)n,
+          (long long)(n * Nq), (long long)(4 * n * Nq), double(n) / double(base));
+    }
+  }
+  const Blocks bl = blocks_from_budget(budget, d);
+  const int64_t Br = bl.Br, Bc = bl.Bc;
+  out(s, "\nfa1/fa2 on chip, budget M = %lld floats: Bc = ceil(M / 4d) = %lld, Br = min(Bc, d) = %lld\n",
+      (long long)budget, (long long)Bc, (long long)Br);
+  const int64_t four = 2 * Br * d + 2 * Bc * d, extra = Br * Bc + 2 * Br;
+  out(s, "  Q_i, O_i [Br, d] x 2 + K_j, V_j [Bc, d] x 2 = %lld floats (what the rule sizes to M)\n", (long long)four);
+  out(s, "  + S_ij/P_ij [Br, Bc] + m_i, l_i [Br] x 2 = %lld more (Br <= d keeps S_ij within M / 4)\n",
+      (long long)extra);
+  out(s, "  between visits fa1 keeps O, m, l in HBM ([Nq, d] + [Nq] x 2); fa2 keeps them on chip\n");
+  return s;
+}
+
+}  // namespace fa::step2

@@ -1,0 +1,285 @@
+// FlashAttention, step by step — tests of step 2: the online-softmax invariant.
+// Property style: hundreds of seeded random heads (shapes, masks, scales, dropout) and random tilings
+// (tiles of 1, tails, a single tile, tiles larger than N), each variant against step 1 in fp64; the merge's
+// algebra; huge logits and masked rows; every variant through the harness's check with all features.
+// The --trace golden file is checked by ctest (tests/CMakeLists.txt says how to regenerate it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "common/harness.h"
+#include "step1_cpu_reference/reference.h"
+#include "step2_online_softmax/online.h"
+
+namespace fa {
+namespace {
+
+using step2::Head;
+using step2::Partial;
+constexpr float kInf = INFINITY;
+
+// One random head (B = Hq = Hkv = 1), its inputs and output buffers.
+struct Case {
+  Problem p;
+  Inputs in;
+  Tensor o, lse;  // [1, 1, Nq, d], [1, 1, Nq]
+  Head hd;
+};
+
+Case random_case(uint64_t seed, std::mt19937_64& rng) {
+  auto pick = [&](int64_t lo, int64_t hi) { return lo + int64_t(rng() % uint64_t(hi - lo + 1)); };
+  Case c;
+  Problem& p = c.p;
+  p.B = p.Hq = p.Hkv = 1;
+  p.Nq = pick(1, 9);
+  p.Nk = pick(1, 40);
+  p.d = pick(1, 8);
+  p.causal = pick(0, 1);
+  p.input_pos = pick(-3, p.Nk);  // negative: the first rows see no key
+  p.scale = float(pick(0, 1) ? 1.0 / std::sqrt(double(p.d)) : 10.0);
+  p.dtype = DType::fp32;
+  p.dropout = pick(0, 2) == 0 ? 0.3f : 0.0f;
+  p.seed = seed;
+  c.in = random_inputs(p);
+  c.o = Tensor({1, 1, p.Nq, p.d}, NAN);
+  c.lse = Tensor({1, 1, p.Nq}, NAN);
+  Head& hd = c.hd;
+  hd.q = c.in.q.ptr();
+  hd.k = c.in.k.ptr();
+  hd.v = c.in.v.ptr();
+  hd.o = c.o.ptr();
+  hd.lse = c.lse.ptr();
+  hd.Nq = p.Nq;
+  hd.Nk = p.Nk;
+  hd.d = p.d;
+  hd.causal = p.causal;
+  hd.input_pos = p.input_pos;
+  hd.scale = p.scale;
+  hd.drop = make_dropout(p.dropout, p.seed);
+  return c;
+}
+
+// A tile: 1, a random size (tails), exactly N (a single tile), or larger than N.
+int64_t random_tile(std::mt19937_64& rng, int64_t N) {
+  switch (rng() % 4) {
+    case 0: return 1;
+    case 1: return 1 + int64_t(rng() % uint64_t(N));
+    case 2: return N;
+    default: return N + 1 + int64_t(rng() % 5);
+  }
+}
+
+// O and LSE against step 1 in fp64: fully masked rows exactly 0 and -inf, the rest within a tolerance
+// that grows with the logits (float rounds S = scale q.k relative to its size).
+void expect_matches_step1(const Case& c, const std::string& what) {
+  const auto ref = step1::attention<double>(c.p, c.in, false);
+  const double tol = 2e-6 * std::max(1.0, double(c.p.scale) * 3 * c.p.d);
+  for (int64_t i = 0; i < c.p.Nq; ++i) {
+    if (std::isinf(ref.lse.data[i])) {
+      ASSERT_EQ(c.lse.data[i], -kInf) << what << " row " << i;
+      for (int64_t k = 0; k < c.p.d; ++k) ASSERT_EQ(c.o.data[i * c.p.d + k], 0.0f) << what << " row " << i;
+      continue;
+    }
+    ASSERT_NEAR(c.lse.data[i], ref.lse.data[i], tol * std::max(1.0, std::fabs(ref.lse.data[i]))) << what << " row " << i;
+    for (int64_t k = 0; k < c.p.d; ++k)
+      ASSERT_NEAR(c.o.data[i * c.p.d + k], ref.o.data[i * c.p.d + k], tol) << what << " row " << i << " col " << k;
+  }
+}
+
+constexpr uint64_t kSeeds = 300;
+
+TEST(Step2Property, OnlineEqualsNaiveSoftmax) {
+  std::mt19937_64 rng(1);
+  for (uint64_t seed = 0; seed < kSeeds; ++seed) {
+    Case c = random_case(seed, rng);
+    const int64_t tile = random_tile(rng, c.p.Nk);
+    step2::attention_online(c.hd, tile);
+    expect_matches_step1(c, "online seed " + std::to_string(seed) + " tile " + std::to_string(tile));
+  }
+}
+
+TEST(Step2Property, TwoPassEqualsThreePass) {
+  std::mt19937_64 rng(2);
+  for (uint64_t seed = 0; seed < kSeeds; ++seed) {
+    Case c = random_case(seed, rng);
+    step2::attention_3pass(c.hd);
+    expect_matches_step1(c, "3pass seed " + std::to_string(seed));
+    const Tensor o3 = c.o, lse3 = c.lse;
+    const int64_t tile = random_tile(rng, c.p.Nk);
+    step2::attention_2pass(c.hd, tile);
+    for (size_t k = 0; k < o3.size(); ++k) ASSERT_NEAR(c.o.data[k], o3.data[k], 1e-5) << "seed " << seed << " tile " << tile;
+    for (size_t k = 0; k < lse3.size(); ++k) {
+      if (std::isinf(lse3.data[k])) ASSERT_EQ(c.lse.data[k], lse3.data[k]);
+      else ASSERT_NEAR(c.lse.data[k], lse3.data[k], 1e-5 * std::max(1.0f, std::fabs(lse3.data[k])));
+    }
+  }
+}
+
+TEST(Step2Property, BothFlashLoopOrdersAnyBlockSizes) {
+  std::mt19937_64 rng(3);
+  for (uint64_t seed = 0; seed < kSeeds; ++seed) {
+    Case c = random_case(seed, rng);
+    const step2::Blocks bl{random_tile(rng, c.p.Nq), random_tile(rng, c.p.Nk)};
+    const std::string blocks = " Br " + std::to_string(bl.Br) + " Bc " + std::to_string(bl.Bc);
+    step2::attention_fa1(c.hd, bl);
+    expect_matches_step1(c, "fa1 seed " + std::to_string(seed) + blocks);
+    step2::attention_fa2(c.hd, bl);
+    expect_matches_step1(c, "fa2 seed " + std::to_string(seed) + blocks);
+  }
+}
+
+TEST(Step2Property, SplitKvMergesToTheWhole) {
+  std::mt19937_64 rng(4);
+  for (uint64_t seed = 0; seed < kSeeds; ++seed) {
+    Case c = random_case(seed, rng);
+    const int64_t splits = 1 + int64_t(rng() % 6), tile = random_tile(rng, c.p.Nk);
+    step2::attention_split_kv(c.hd, splits, tile);
+    expect_matches_step1(c, "split-KV seed " + std::to_string(seed) + " splits " + std::to_string(splits));
+  }
+}
+
+// m is a max, exact in any order of the same scores; `whole` recomputes the scores with other tile
+// boundaries, which may round differently in the last bit.
+void expect_same_state(const Partial& a, const Partial& b, const std::string& what, bool same_scores = true) {
+  if (same_scores || std::isinf(b.st.m)) ASSERT_EQ(a.st.m, b.st.m) << what;
+  else ASSERT_NEAR(a.st.m, b.st.m, 1e-6f * std::max(1.0f, std::fabs(b.st.m))) << what;
+  ASSERT_NEAR(a.st.l, b.st.l, 1e-5f * std::max(1.0f, b.st.l)) << what;
+  for (size_t k = 0; k < a.acc.size(); ++k) ASSERT_NEAR(a.acc[k], b.acc[k], 1e-5f * std::max(1.0f, b.st.l)) << what;
+}
+
+TEST(Step2Property, MergeIsAssociativeCommutativeWithTheEmptyStateAsIdentity) {
+  std::mt19937_64 rng(5);
+  for (uint64_t seed = 0; seed < kSeeds; ++seed) {
+    const Case c = random_case(seed, rng);
+    const int64_t Nk = c.p.Nk, i = int64_t(rng() % uint64_t(c.p.Nq)), tile = random_tile(rng, Nk);
+    int64_t x = int64_t(rng() % uint64_t(Nk + 1)), y = int64_t(rng() % uint64_t(Nk + 1));  // may be empty ranges
+    if (x > y) std::swap(x, y);
+    const Partial a = step2::online_partial(c.hd, i, 0, x, tile), b = step2::online_partial(c.hd, i, x, y, tile),
+                  e = step2::online_partial(c.hd, i, y, Nk, tile), whole = step2::online_partial(c.hd, i, 0, Nk, tile);
+    const std::string what = "seed " + std::to_string(seed);
+    Partial ab_c = a, bc = b, a_bc = a, ab = a, ba = b;
+    step2::merge(ab_c, b);
+    step2::merge(ab_c, e);
+    step2::merge(bc, e);
+    step2::merge(a_bc, bc);
+    expect_same_state(ab_c, a_bc, "associative, " + what);
+    expect_same_state(ab_c, whole, "split equals whole, " + what, false);
+    step2::merge(ab, b);
+    step2::merge(ba, a);
+    expect_same_state(ab, ba, "commutative, " + what);
+    for (const Partial* s : {&a, &b, &whole}) {  // identity: exact, on both sides
+      const Partial empty{SoftmaxState{}, std::vector<float>(size_t(c.p.d), 0.0f)};
+      Partial left = *s, right = empty;
+      step2::merge(left, empty);
+      step2::merge(right, *s);
+      for (const Partial* r : {&left, &right}) {
+        ASSERT_EQ(r->st.m, s->st.m) << what;
+        ASSERT_EQ(r->st.l, s->st.l) << what;
+        ASSERT_EQ(r->acc, s->acc) << what;
+      }
+    }
+  }
+}
+
+// Logits of +-1e4 and masked entries, with exact integer scores (d = 1, scale 1) so fp64 is comparable.
+TEST(Step2, HugeLogitsAndMaskedRowsGiveNoNanAndMatchStep1) {
+  std::mt19937_64 rng(6);
+  Case c = random_case(0, rng);
+  Problem& p = c.p;
+  p.Nq = 4, p.Nk = 7, p.d = 1, p.causal = true, p.input_pos = -1, p.scale = 1.0f, p.dropout = 0.0f;
+  c.in.q = Tensor({1, 1, 4, 1});
+  c.in.q.data = {100, -100, 99, -99};  // row 0 sees no key (position -1)
+  c.in.k = Tensor({1, 1, 7, 1});
+  c.in.k.data = {100, -100, 97, 100, -3, 50, -100};
+  c.in.v = Tensor({1, 1, 7, 1});
+  c.in.v.data = {1, -2, 3, -4, 5, -6, 7};
+  c.o = Tensor({1, 1, 4, 1});
+  c.lse = Tensor({1, 1, 4});
+  Head& hd = c.hd;
+  hd.q = c.in.q.ptr(), hd.k = c.in.k.ptr(), hd.v = c.in.v.ptr(), hd.o = c.o.ptr(), hd.lse = c.lse.ptr();
+  hd.Nq = 4, hd.Nk = 7, hd.d = 1, hd.causal = true, hd.input_pos = -1, hd.scale = 1.0f, hd.drop = {};
+  const std::vector<std::pair<std::string, std::function<void()>>> runs = {
+      {"3pass", [&] { step2::attention_3pass(c.hd); }},
+      {"2pass", [&] { step2::attention_2pass(c.hd, 2); }},
+      {"online", [&] { step2::attention_online(c.hd, 1); }},
+      {"fa1", [&] { step2::attention_fa1(c.hd, {3, 2}); }},
+      {"fa2", [&] { step2::attention_fa2(c.hd, {3, 2}); }},
+      {"split-KV", [&] { step2::attention_split_kv(c.hd, 3, 2); }}};
+  for (const auto& [name, run] : runs) {
+    std::fill(c.o.data.begin(), c.o.data.end(), NAN);
+    run();
+    for (float x : c.o.data) ASSERT_TRUE(std::isfinite(x)) << name;
+    ASSERT_EQ(c.lse.data[0], -kInf) << name << ": the fully masked row";
+    ASSERT_EQ(c.o.data[0], 0.0f) << name << ": the fully masked row";
+    for (int i = 1; i < 4; ++i) ASSERT_TRUE(std::isfinite(c.lse.data[i]) && std::fabs(c.lse.data[i]) > 9000) << name;
+    expect_matches_step1(c, name);
+  }
+}
+
+TEST(Step2, BlockSizesFromTheOnChipBudget) {
+  auto eq = [](step2::Blocks b, int64_t Br, int64_t Bc) { return b.Br == Br && b.Bc == Bc; };
+  EXPECT_TRUE(eq(step2::blocks_from_budget(20, 2), 2, 3));  // the trace's M = 20, d = 2
+  EXPECT_TRUE(eq(step2::blocks_from_budget(16384, 64), 64, 64));
+  EXPECT_TRUE(eq(step2::blocks_from_budget(16384, 128), 32, 32));
+  EXPECT_TRUE(eq(step2::blocks_from_budget(16384, 16), 16, 256));
+  EXPECT_TRUE(eq(step2::blocks_from_budget(1, 64), 1, 1));
+}
+
+TEST(Step2, FootprintShowsTheFourfoldReduction) {
+  const std::string t = step2::footprint_table(1024, 1024, 64, 256, 16384);
+  EXPECT_NE(t.find("3pass   total                                              1026"), std::string::npos) << t;
+  EXPECT_NE(t.find("online  total                                               258"), std::string::npos) << t;
+  EXPECT_NE(t.find("0.25x of 3pass"), std::string::npos) << t;
+}
+
+// Every variant through the harness's check against step 1, with every feature.
+struct Features {
+  int64_t Nq, Nk, group, input_pos;  // input_pos: INT64_MIN = not causal, INT64_MAX = causal with the default
+  float dropout;
+};
+
+class Step2Features : public ::testing::TestWithParam<Features> {};
+
+TEST_P(Step2Features, EveryVariantPassesTheCheckAgainstStep1) {
+  const Features f = GetParam();
+  for (DType dt : {DType::fp32, DType::bf16}) {
+    Problem p;
+    p.B = 2, p.Hq = 4, p.Hkv = 4 / f.group, p.Nq = f.Nq, p.Nk = f.Nk, p.d = 8, p.dtype = dt;
+    p.causal = f.input_pos != INT64_MIN;
+    p.input_pos = f.input_pos == INT64_MAX || !p.causal ? p.Nk - p.Nq : f.input_pos;
+    p.scale = 0.4f, p.dropout = f.dropout, p.seed = 77;
+    p.validate();
+    const Inputs in = random_inputs(p);
+    const step2::Config cfg{3, 40};  // tiles of 3 keys; Bc = ceil(40 / 32) = 2, Br = 2
+    for (const std::string& v : step2::stage().variants) {
+      const CheckReport r = check_against_reference(p, in, step2::attention(p, in, v, cfg));
+      EXPECT_TRUE(r.pass) << v << " " << p.describe() << ": O err " << r.stage[0].max_abs << " LSE err "
+                          << r.stage[1].max_abs;
+    }
+  }
+}
+
+std::vector<Features> features() {
+  std::vector<Features> fs;
+  for (int64_t group : {1, 2, 4})
+    for (int64_t pos : {INT64_MIN, INT64_MAX, int64_t(0), int64_t(3), int64_t(-2)})
+      for (float drop : {0.0f, 0.3f}) fs.push_back({5, 9, group, pos, drop});
+  fs.push_back({7, 7, 2, INT64_MAX, 0.1f});  // square causal
+  fs.push_back({9, 4, 1, INT64_MAX, 0.0f});  // Nq > Nk: the default input_pos < 0 masks whole rows
+  return fs;
+}
+
+std::string features_name(const ::testing::TestParamInfo<Features>& info) {
+  const Features& f = info.param;
+  std::string n = "Nq" + std::to_string(f.Nq) + "_Nk" + std::to_string(f.Nk) + "_G" + std::to_string(f.group);
+  if (f.input_pos == INT64_MAX) n += "_causal_default";
+  else if (f.input_pos != INT64_MIN) n += "_causal_pos" + std::string(f.input_pos < 0 ? "m" : "") + std::to_string(std::abs(f.input_pos));
+  if (f.dropout > 0) n += "_dropout";
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFeatures, Step2Features, ::testing::ValuesIn(features()), features_name);
+
+}  // namespace
+}  // namespace fa
