@@ -24,15 +24,16 @@ __device__ __forceinline__ T from_float(float x) {
   else return __float2bfloat16_rn(x);
 }
 
-// Calls f(T{}) with T the device type of `t`; `allow_fp32` = false rejects fp32 (tensor-core stages).
-template <typename F>
-void dispatch_dtype(DType t, bool allow_fp32, F&& f) {
+// Calls f(T{}) with T the device type of `t`. kAllowFp32 = false (tensor-core stages) rejects fp32
+// without instantiating f for it.
+template <bool kAllowFp32, typename F>
+void dispatch_dtype(DType t, F&& f) {
   switch (t) {
     case DType::bf16: f(__nv_bfloat16{}); return;
     case DType::fp16: f(__half{}); return;
     case DType::fp32:
-      if (!allow_fp32) throw std::invalid_argument("fp32 is not supported by this stage (bf16 or fp16)");
-      f(float{});
+      if constexpr (kAllowFp32) f(float{});
+      else throw std::invalid_argument("fp32 is not supported by this stage (bf16 or fp16)");
       return;
   }
 }

@@ -3,6 +3,7 @@
 // follows and saying in scalar terms what it does. Only instructions that sm_90 (H100) and sm_120
 // (RTX 50-series) both have: mma.sync, ldmatrix, cp.async.bulk.tensor (TMA) and mbarrier. No wgmma.
 #pragma once
+#include <cuda/ptx>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -67,5 +68,64 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t sme
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+
+// ---- 128-byte swizzle --------------------------------------------------------------------------
+// The layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B (CUDA programming guide, "tensor memory access",
+// swizzle modes): rows of 128 bytes, and the 16-byte chunk c of row r stored at chunk c ^ (r % 8). Eight
+// consecutive rows read at one logical chunk (what ldmatrix does) then hit eight different chunks: all 32
+// banks, no conflict. Returns the byte offset of (row, 16-byte chunk) inside a 1024-byte-aligned panel.
+__device__ __forceinline__ uint32_t swizzle_128b(int row, int chunk) {
+  return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// ---- fast exp2 ----------------------------------------------------------------------------------
+// PTX ISA 9.7.4.x "ex2.approx.ftz.f32": 2^x in one MUFU instruction (max rel. error 2^-22); -inf gives 0.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- mbarrier -----------------------------------------------------------------------------------
+// PTX ISA 9.7.13.15 "mbarrier": a 64-bit shared-memory object that counts arrivals (and, for TMA,
+// transaction bytes) of the current phase; when both reach zero the phase completes and its parity flips.
+// Scalar meaning of the wrappers: init sets the expected arrival count; arrive_expect_tx arrives once and
+// adds `bytes` to the bytes the phase waits for; arrive counts one arrival; wait(parity) spins until the
+// phase with that parity has completed.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) { cuda::ptx::mbarrier_init(bar, count); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
+                                       bytes);
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) { cuda::ptx::mbarrier_arrive(bar); }
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+// PTX ISA 9.7.13.4 "fence.mbarrier_init": makes the initialised barriers visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_barrier_init() { cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster); }
+
+// ---- TMA: bulk tensor copies ---------------------------------------------------------------------
+// PTX ISA 9.7.9.25.5.1 "cp.async.bulk.tensor" (global -> shared::cluster, tile mode, 3-D).
+// Scalar meaning: copy the box of the tensor map starting at coordinates {x, y, z} (x innermost) into
+// shared memory at `dst`, zero-filling what lies outside the tensor, then signal `bar` with the bytes.
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* tmap, int x, int y, int z, uint64_t* bar) {
+  const int32_t coords[3] = {x, y, z};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, tmap, coords, bar);
+}
+// The other direction (shared::cta -> global, bulk_group completion): rows outside the tensor are skipped.
+__device__ __forceinline__ void tma_store_3d(const void* tmap, int x, int y, int z, const void* src) {
+  const int32_t coords[3] = {x, y, z};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, tmap, coords, src);
+}
+// PTX ISA 9.7.9.25.4 "cp.async.bulk.commit_group / wait_group.read": wait until the stores issued so far
+// have finished reading shared memory (so it may be reused or the block may exit).
+__device__ __forceinline__ void tma_store_commit_and_wait() {
+  cuda::ptx::cp_async_bulk_commit_group();
+  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+}
+// PTX ISA 9.7.13.9 "fence.proxy.async": orders this thread's ordinary shared-memory writes before later
+// reads of the same memory by the async proxy (a TMA store).
+__device__ __forceinline__ void fence_async_shared() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
 
 }  // namespace fa::ptx

@@ -11,10 +11,8 @@
 #endif
 #ifdef FA_WITH_CUDA
 #include "cuda_util.h"
-#if __has_include("step3_naive_kernel/naive.h")
 #include "step3_naive_kernel/naive.h"
-#define FA_HAVE_STEP3
-#endif
+#include "step4_fused_pipelined/fused.h"
 #endif
 
 namespace fa {
@@ -27,9 +25,8 @@ const std::vector<Stage>& stages() {
     v.push_back(step2::stage());
 #endif
 #ifdef FA_WITH_CUDA
-#ifdef FA_HAVE_STEP3
     v.push_back(step3::stage());
-#endif
+    v.push_back(step4::stage());
 #endif
     return v;
   }();

@@ -9,7 +9,7 @@ class NaiveRunner final : public GpuRunner {
  public:
   using GpuRunner::GpuRunner;
   void run() override {
-    dispatch_dtype(p_.dtype, /*allow_fp32=*/true, [&](auto t) {
+    dispatch_dtype</*kAllowFp32=*/true>(p_.dtype, [&](auto t) {
       using T = decltype(t);
       dispatch_head_dim(int(p_.d), [&](auto dim) {
         constexpr int D = decltype(dim)::value;

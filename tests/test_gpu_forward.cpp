@@ -6,6 +6,7 @@
 // Without a CUDA device every case is skipped with the reason (CI has no GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <sstream>
@@ -67,10 +68,14 @@ std::vector<GpuCase> grid() {
   return cs;
 }
 
+// "stage" or "stage:variant" for every GPU stage and each of its variants.
 std::vector<std::string> gpu_stages() {
   std::vector<std::string> v;
-  for (const Stage& s : stages())
-    if (s.gpu) v.push_back(s.name);
+  for (const Stage& s : stages()) {
+    if (!s.gpu) continue;
+    if (s.variants.empty()) v.push_back(s.name);
+    for (const std::string& var : s.variants) v.push_back(s.name + ":" + var);
+  }
   return v;
 }
 
@@ -97,15 +102,17 @@ using Param = std::tuple<std::string, GpuCase>;
 class GpuForward : public ::testing::TestWithParam<Param> {};
 
 TEST_P(GpuForward, MatchesReference) {
-  const auto& [name, c] = GetParam();
+  const auto& [stage_variant, c] = GetParam();
   if (const std::string why = gpu_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
-  const Stage& s = find_stage(name);
+  const size_t colon = stage_variant.find(':');
+  const Stage& s = find_stage(stage_variant.substr(0, colon));
+  const std::string variant = colon == std::string::npos ? "" : stage_variant.substr(colon + 1);
   const Problem p = to_problem(c, std::hash<std::string>{}(case_name(c)) & 0xffff);
-  if (const std::string why = s.unsupported(p, s.variants.empty() ? "" : s.variants[0]); !why.empty())
-    GTEST_SKIP() << name << " does not support this case: " << why;
+  if (const std::string why = s.unsupported(p, variant); !why.empty())
+    GTEST_SKIP() << stage_variant << " does not support this case: " << why;
 
   const Inputs in = random_inputs(p);
-  auto runner = s.make(p, in, s.variants.empty() ? "" : s.variants[0]);
+  auto runner = s.make(p, in, variant);
   runner->run();
   const CheckReport r = check_against_reference(p, in, runner->outputs());
   for (int k = 0; k < r.n; ++k) {
@@ -118,7 +125,9 @@ TEST_P(GpuForward, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Grid, GpuForward, ::testing::Combine(::testing::ValuesIn(gpu_stages()), ::testing::ValuesIn(grid())),
                          [](const ::testing::TestParamInfo<Param>& info) {
-                           return std::get<0>(info.param) + "_" + case_name(std::get<1>(info.param));
+                           std::string n = std::get<0>(info.param) + "_" + case_name(std::get<1>(info.param));
+                           std::replace(n.begin(), n.end(), ':', '_');
+                           return n;
                          });
 
 }  // namespace

@@ -1,0 +1,96 @@
+// FlashAttention, step by step — step 4: configurations and launch (step4_fused_pipelined/launch.cu)
+//
+// The default tiles per head dim and per architecture. sm_120 (RTX 50-series) gives a block 99 KB of
+// shared memory, so its configs are checked against that at compile time; sm_90 (H100) allows 227 KB.
+// Variants: "auto" picks by the device's compute capability; "sm90" and "sm120" force one, so the
+// sm_120 configs run in the H100 test grid too.
+#include <functional>
+
+#include "common/gpu_types.h"
+#include "common/tma.h"
+#include "fused.h"
+#include "kernel.cuh"
+
+namespace fa::step4 {
+
+template <typename T, int D>
+struct DefaultConfigs {
+  //                    T  D  Br   Bc                 Warps  Stages
+  using Sm90 = FwdTraits<T, D, 128, D == 64 ? 128 : 64, 8, D == 64 ? 2 : 3>;
+  using Sm120 = FwdTraits<T, D, 128, 64, 8, D == 64 ? 3 : 2>;
+  static_assert(Sm120::kFitsSm120, "the sm_120 default must fit in sm_120's 99 KB of shared memory per block");
+};
+
+namespace {
+
+int compute_capability_major() {
+  int dev = 0, major = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major;
+}
+
+class FusedRunner final : public GpuRunner {
+ public:
+  FusedRunner(const Problem& p, const Inputs& in, const std::string& variant) : GpuRunner(p, in) {
+    const std::string cfg = variant != "auto" ? variant : compute_capability_major() >= 12 ? "sm120" : "sm90";
+    dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
+      using T = decltype(t);
+      dispatch_head_dim(int(p.d), [&](auto dim) {
+        constexpr int D = decltype(dim)::value;
+        if (cfg == "sm120") prepare<typename DefaultConfigs<T, D>::Sm120>();
+        else prepare<typename DefaultConfigs<T, D>::Sm90>();
+      });
+    });
+  }
+  void run() override { launch_(); }
+
+ private:
+  // Set-up, outside any timed region: tensor maps, the shared-memory opt-in, the launch closure.
+  template <class Tr>
+  void prepare() {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (size_t(optin) < Tr::kSmemBytes)
+      throw std::runtime_error("this config needs " + std::to_string(Tr::kSmemBytes) +
+                               " bytes of shared memory per block; the device allows " + std::to_string(optin));
+    const CUtensorMap tq = make_tensor_map_bhnd(q_.get(), p_.dtype, p_.B * p_.Hq, p_.Nq, Tr::D, Tr::Br);
+    const CUtensorMap tk = make_tensor_map_bhnd(k_.get(), p_.dtype, p_.B * p_.Hkv, p_.Nk, Tr::D, Tr::Bc);
+    const CUtensorMap tv = make_tensor_map_bhnd(v_.get(), p_.dtype, p_.B * p_.Hkv, p_.Nk, Tr::D, Tr::Bc);
+    const CUtensorMap to = make_tensor_map_bhnd(o_.get(), p_.dtype, p_.B * p_.Hq, p_.Nq, Tr::D, 16);  // a warp's rows
+    auto kernel = params_.dropout.threshold ? fused_forward<Tr, true> : fused_forward<Tr, false>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+    const int64_t blocks = (p_.Nq + Tr::Br - 1) / Tr::Br * p_.Hq * p_.B;
+    if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
+    const AttnParams params = params_;
+    launch_ = [=] {
+      kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes>>>(tq, tk, tv, to, params);
+      CUDA_CHECK_LAUNCH();
+    };
+  }
+
+  std::function<void()> launch_;
+};
+
+}  // namespace
+
+Stage stage() {
+  Stage s;
+  s.name = "step4_fused_pipelined";
+  s.title = "fused forward: TMA ring of K/V stages, swizzled smem, mma.sync, P in registers";
+  s.gpu = true;
+  s.variants = {"auto", "sm90", "sm120"};
+  s.unsupported = [](const Problem& p, const std::string&) {
+    if (p.dtype == DType::fp32) return std::string("fp32 storage (tensor cores take bf16 or fp16)");
+    if (!(p.scale > 0)) return std::string("a scale <= 0 (the running max is kept in raw score units)");
+    if (p.Nq >= (1 << 30) || p.Nk >= (1 << 30)) return std::string("sequences of 2^30 or more");
+    return head_dim_unsupported(p.d);
+  };
+  s.make = [](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
+    return std::make_unique<FusedRunner>(p, in, v);
+  };
+  return s;
+}
+
+}  // namespace fa::step4
