@@ -242,7 +242,8 @@ int run_stage(const Stage& s, CommonOptions& o) {
   Inputs in = prepare_inputs(o);
   Problem& p = o.problem;
   const std::string variant = o.variant.empty() ? (s.variants.empty() ? "" : s.variants[0]) : o.variant;
-  if (!o.variant.empty() && std::find(s.variants.begin(), s.variants.end(), o.variant) == s.variants.end())
+  auto listed = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), o.variant) != v.end(); };
+  if (!o.variant.empty() && !listed(s.variants) && !listed(s.tuning_variants))
     throw std::invalid_argument(s.name + " has no variant '" + o.variant + "'");
   if (p.backward && !s.has_backward) throw std::invalid_argument(s.name + " has no backward pass (--backward)");
   if (const std::string why = s.unsupported(p, variant); !why.empty())

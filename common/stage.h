@@ -43,7 +43,9 @@ struct Stage {
   std::string title;        // one line for tables
   bool gpu = false;         // needs a CUDA device
   bool has_backward = false;
-  std::vector<std::string> variants;  // selectable with --variant; the first is the default
+  std::vector<std::string> variants;  // selectable with --variant; the first is the default; all are tested
+  // Further configurations --variant accepts (tile sizes, stages, ...): what step 6's autotuner sweeps.
+  std::vector<std::string> tuning_variants;
   // "" when the stage can run `p`, otherwise the reason (e.g. "head dim 96 is not supported").
   std::function<std::string(const Problem& p, const std::string& variant)> unsupported;
   std::function<std::unique_ptr<Runner>(const Problem& p, const Inputs& in, const std::string& variant)> make;

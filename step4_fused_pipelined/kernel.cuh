@@ -34,8 +34,8 @@ namespace fa::step4 {
 
 // Multiplies the probabilities by the dropout keep mask / (1 - p). Thread columns 2t, 2t+1 of an n8 tile
 // share one Philox call: both fall in the same group of four keys (common/dropout.h), at words 0, 1 for
-// even t and 2, 3 for odd t. (Selecting with a branch-free ?: keeps the words in registers; indexing
-// w.v[] with a run-time index would put them in local memory.)
+// even t and 2, 3 for odd t. (Selecting with ?: keeps the words in registers; indexing w.v[] with a
+// run-time index would put them in local memory.)
 template <int kSTiles>
 __device__ __forceinline__ void apply_dropout(float (&s)[kSTiles][4], const DropoutParams& dp, int b, int h,
                                               int row_g, int key_2t) {
@@ -75,7 +75,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   uint64_t* q_full = bars;                   // Q tile landed
   uint64_t* k_full = bars + 1;               // [kStages] K tile landed
   uint64_t* v_full = bars + 1 + kStages;     // [kStages] V tile landed
-  uint64_t* kv_empty = bars + 1 + 2 * kStages;  // [kStages] every warp is done with the stage
+  uint64_t* k_empty = bars + 1 + 2 * kStages;  // [kStages] every warp is done reading the K tile
+  uint64_t* v_empty = bars + 1 + 3 * kStages;  // [kStages] every warp is done reading the V tile
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -95,24 +96,39 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int64_t last_key = p.causal ? min(int64_t(p.Nk) - 1, p.input_pos + last_row) : int64_t(p.Nk) - 1;
   const int n_tiles = last_key < 0 ? 0 : int(last_key / Bc) + 1;
 
-  auto load_kv = [&](int tile, int stage) {  // one thread: TMA for K and V of `tile` into `stage`
-    ptx::mbar_arrive_expect_tx(&k_full[stage], kKVBytes);
+  // One thread issues every TMA copy: tile `tile` of K (or V) into ring slot tile % kStages.
+  auto load_tile = [&](const CUtensorMap* map, T* ring, uint64_t* full, int tile) {
+    const int stage = tile % kStages;
+    ptx::mbar_arrive_expect_tx(&full[stage], kKVBytes);
 #pragma unroll
     for (int c = 0; c < kPanels; ++c)
-      ptx::tma_load_3d(sK + (stage * kPanels + c) * Bc * 64, &tm_k, c * 64, tile * Bc, bh_kv, &k_full[stage]);
-    ptx::mbar_arrive_expect_tx(&v_full[stage], kKVBytes);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c)
-      ptx::tma_load_3d(sV + (stage * kPanels + c) * Bc * 64, &tm_v, c * 64, tile * Bc, bh_kv, &v_full[stage]);
+      ptx::tma_load_3d(ring + (stage * kPanels + c) * Bc * 64, map, c * 64, tile * Bc, bh_kv, &full[stage]);
+  };
+  auto release = [&](uint64_t* empty, int tile) {  // this warp no longer reads ring slot tile % kStages
+    __syncwarp();  // every lane's ldmatrix reads of the slot are done
+    if (lane == 0) ptx::mbar_arrive(&empty[tile % kStages]);
+  };
+  // Phase parity of the use of ring slot tile % kStages by `tile` (a slot's barriers complete once per use).
+  auto parity = [](int tile) { return uint32_t(tile / kStages) & 1; };
+  // Producer (one thread), in iteration n >= 1: K and V tile n + kStages - 1 into the slots of tile n - 1,
+  // which every warp released in its previous iteration (K after its Q K^T, V after its P V).
+  auto refill = [&](int n) {
+    if (threadIdx.x == 0 && n >= 1 && n + kStages - 1 < n_tiles) {
+      ptx::mbar_wait(&k_empty[(n - 1) % kStages], parity(n - 1));
+      load_tile(&tm_k, sK, k_full, n + kStages - 1);
+      ptx::mbar_wait(&v_empty[(n - 1) % kStages], parity(n - 1));
+      load_tile(&tm_v, sV, v_full, n + kStages - 1);
+    }
   };
 
-  // ---- prologue: barriers, then Q and the first kStages - 1 K/V tiles in flight ----------------------
+  // ---- prologue: barriers, then Q and the first kStages tiles of K and of V in flight -----------------
   if (threadIdx.x == 0) {
     ptx::mbar_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&k_full[s], 1);
       ptx::mbar_init(&v_full[s], 1);
-      ptx::mbar_init(&kv_empty[s], Tr::kWarps);
+      ptx::mbar_init(&k_empty[s], Tr::kWarps);
+      ptx::mbar_init(&v_empty[s], Tr::kWarps);
     }
     ptx::fence_barrier_init();
   }
@@ -121,7 +137,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     ptx::mbar_arrive_expect_tx(q_full, uint32_t(Tr::kQBytes));
 #pragma unroll
     for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sQ + c * Br * 64, &tm_q, c * 64, m0, bh, q_full);
-    for (int n = 0; n < kStages - 1 && n < n_tiles; ++n) load_kv(n, n);
+    for (int n = 0; n < kStages && n < n_tiles; ++n) {
+      load_tile(&tm_k, sK, k_full, n);
+      load_tile(&tm_v, sV, v_full, n);
+    }
   }
 
   // Q: shared -> registers, once. Warp w reads rows 16w .. 16w+15 as A fragments of every k16 step.
@@ -141,15 +160,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   for (int n = 0; n < n_tiles; ++n) {
     const int stage = n % kStages;
-    const uint32_t phase = (n / kStages) & 1;
-
-    // Producer (one thread): refill the stage that tile n-1 used with tile n + kStages - 1, once every
-    // warp has released it (its kv_empty phase for that use completed).
-    if (threadIdx.x == 0 && n + kStages - 1 < n_tiles) {
-      const int next = n + kStages - 1, next_stage = next % kStages;
-      if (n >= 1) ptx::mbar_wait(&kv_empty[next_stage], ((n - 1) / kStages) & 1);
-      load_kv(next, next_stage);
-    }
+    const uint32_t phase = parity(n);
+    if constexpr (kStages == 1) refill(n);  // one slot: tile n can only be loaded once n-1 is released
 
     // S = Q K^T: [16 rows, Bc keys] per warp. One ldmatrix.x4 gives the B fragments of two n8 tiles.
     float s[kSTiles][4] = {};
@@ -164,8 +176,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         uint32_t kb[4];
         ptx::ldmatrix_x4(kb, k_base + (col / 64) * Bc * 128 + ptx::swizzle_128b(key, (col % 64) / 8));
         ptx::mma_16816<T>(s[2 * np], q[kk], {kb[0], kb[1]});
-        ptx::mma_16816<T>(s[2 * np + 1], q[kk], {kb[2], kb[3]});
+            ptx::mma_16816<T>(s[2 * np + 1], q[kk], {kb[2], kb[3]});
       }
+    release(k_empty, n);
+
+    if constexpr (kStages > 1) refill(n);  // after this warp's Q K^T: the other warps are likely done with n-1
 
     // Mask only where needed: the tail of K, or a tile that crosses this warp's diagonal.
     const int key0 = n * Bc;
@@ -200,9 +215,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         ptx::mma_16816<T>(o[2 * np + 1], pa[kk], {vb[2], vb[3]});
       }
 
-    // Release the stage: all lanes' ldmatrix reads of K and V are done (syncwarp), then one arrival.
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(&kv_empty[stage]);
+    release(v_empty, n);
   }
 
   // ---- epilogue: normalise, stage O in this warp's own rows of the Q tile, TMA store ------------------

@@ -37,7 +37,7 @@ struct FwdTraits {
 
   static constexpr size_t kQBytes = size_t(Br) * D * sizeof(T);    // Q tile, later the O staging tile
   static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);   // one K (or V) tile
-  static constexpr size_t kBarrierBytes = 8 * (1 + 3 * kStages);   // q_full, k_full, v_full, kv_empty
+  static constexpr size_t kBarrierBytes = 8 * (1 + 4 * kStages);   // q_full, k/v_full, k/v_empty
   // Swizzled panels must start on 1024-byte boundaries; the dynamic shared base is only 16-byte aligned,
   // so 1024 bytes of slack are reserved for aligning it.
   static constexpr size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;

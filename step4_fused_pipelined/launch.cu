@@ -13,13 +13,36 @@
 
 namespace fa::step4 {
 
+// A compile-time list of configurations; each can be picked by name at run time (--variant), so
+// comparing tile sizes never means editing source.
+template <class... Tr>
+struct ConfigList {};
+
 template <typename T, int D>
-struct DefaultConfigs {
-  //                    T  D  Br   Bc                 Warps  Stages
-  using Sm90 = FwdTraits<T, D, 128, D == 64 ? 128 : 64, 8, D == 64 ? 2 : 3>;
-  using Sm120 = FwdTraits<T, D, 128, 64, 8, D == 64 ? 3 : 2>;
+struct Configs {
+  // H100 (measured, docs/results/step4.md): d = 128 wants long K/V tiles (Bc = 128: fewer trips of the
+  // loop, more math per barrier); d = 64 wants two blocks of 4 warps per SM, which desynchronise.
+  //                    T  D  Br              Bc               Warps           Stages
+  using Sm90 = FwdTraits<T, D, D == 64 ? 64 : 128, D == 64 ? 64 : 128, D == 64 ? 4 : 8, 2>;
+  // RTX 50-series: 99 KB per block. The best of the configs that fit, as measured on the H100.
+  using Sm120 = FwdTraits<T, D, 64, 64, 4, 2>;
   static_assert(Sm120::kFitsSm120, "the sm_120 default must fit in sm_120's 99 KB of shared memory per block");
+  // Every configuration --variant can name (step 6 sweeps them): tile sizes, warps, pipeline depth.
+  using All = ConfigList<FwdTraits<T, D, 128, 64, 8, 1>, FwdTraits<T, D, 128, 64, 8, 2>, FwdTraits<T, D, 128, 64, 8, 3>,
+                         FwdTraits<T, D, 128, 128, 8, 2>, FwdTraits<T, D, 64, 64, 4, 2>, FwdTraits<T, D, 64, 64, 4, 3>,
+                         FwdTraits<T, D, 64, 128, 4, 2>>;
 };
+
+template <class Tr>
+std::string config_name() {
+  return "Br" + std::to_string(Tr::Br) + "-Bc" + std::to_string(Tr::Bc) + "-W" + std::to_string(Tr::kWarps) +
+         "-S" + std::to_string(Tr::kStages);
+}
+
+template <class... Tr>
+std::vector<std::string> config_names(ConfigList<Tr...>) {
+  return {config_name<Tr>()...};
+}
 
 namespace {
 
@@ -38,8 +61,9 @@ class FusedRunner final : public GpuRunner {
       using T = decltype(t);
       dispatch_head_dim(int(p.d), [&](auto dim) {
         constexpr int D = decltype(dim)::value;
-        if (cfg == "sm120") prepare<typename DefaultConfigs<T, D>::Sm120>();
-        else prepare<typename DefaultConfigs<T, D>::Sm90>();
+        if (cfg == "sm120") return prepare<typename Configs<T, D>::Sm120>();
+        if (cfg == "sm90") return prepare<typename Configs<T, D>::Sm90>();
+        if (!prepare_named(cfg, typename Configs<T, D>::All{})) throw std::invalid_argument("no config " + cfg);
       });
     });
   }
@@ -70,6 +94,11 @@ class FusedRunner final : public GpuRunner {
     };
   }
 
+  template <class... Tr>
+  bool prepare_named(const std::string& name, ConfigList<Tr...>) {
+    return ((name == config_name<Tr>() ? (prepare<Tr>(), true) : false) || ...);
+  }
+
   std::function<void()> launch_;
 };
 
@@ -81,6 +110,7 @@ Stage stage() {
   s.title = "fused forward: TMA ring of K/V stages, swizzled smem, mma.sync, P in registers";
   s.gpu = true;
   s.variants = {"auto", "sm90", "sm120"};
+  s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});
   s.unsupported = [](const Problem& p, const std::string&) {
     if (p.dtype == DType::fp32) return std::string("fp32 storage (tensor cores take bf16 or fp16)");
     if (!(p.scale > 0)) return std::string("a scale <= 0 (the running max is kept in raw score units)");

@@ -38,6 +38,9 @@ std::string case_name(const GpuCase& c) {
   return n;
 }
 
+// Readable test parameters in gtest's output (instead of the bytes of the struct).
+void PrintTo(const GpuCase& c, std::ostream* os) { *os << case_name(c); }
+
 // A covering grid rather than the full product: every N, head dim and causal flag, with dtype, GQA group
 // and dropout rotating through their values, plus the Nq != Nk and input_pos cases.
 std::vector<GpuCase> grid() {
