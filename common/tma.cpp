@@ -23,7 +23,8 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-CUtensorMap make_tensor_map_bhnd(const void* base, DType t, int64_t BH, int64_t N, int64_t d, int box_rows) {
+CUtensorMap make_tensor_map_bhnd(const void* base, DType t, int64_t BH, int64_t N, int64_t d, int box_rows,
+                                 bool swizzle) {
   if (t == DType::fp32) throw std::invalid_argument("TMA tensor maps here are for bf16/fp16 tensors");
   CUtensorMap m;
   const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(N), cuuint64_t(BH)};          // innermost first
@@ -32,7 +33,7 @@ CUtensorMap make_tensor_map_bhnd(const void* base, DType t, int64_t BH, int64_t 
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUresult r = encode_fn()(&m, t == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                                  3, const_cast<void*>(base), dims, strides, box, elem_strides,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw std::runtime_error("cuTensorMapEncodeTiled failed (error " + std::to_string(int(r)) + ") for a [" +

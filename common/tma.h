@@ -12,7 +12,9 @@ namespace fa {
 
 // A map over a contiguous [BH, N, d] tensor of `t` (bf16 or fp16) at `base`, whose box is
 // [1, box_rows, 64] elements (64 of 16 bits = 128 bytes, the width of the 128-byte swizzle). Rows beyond
-// N read as zeros and are not written by stores.
-CUtensorMap make_tensor_map_bhnd(const void* base, DType t, int64_t BH, int64_t N, int64_t d, int box_rows);
+// N read as zeros and are not written by stores. `swizzle` = false lays the box out row after row (the
+// ablation that shows what the swizzle buys).
+CUtensorMap make_tensor_map_bhnd(const void* base, DType t, int64_t BH, int64_t N, int64_t d, int box_rows,
+                                 bool swizzle = true);
 
 }  // namespace fa

@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
   for (int kk = 0; kk < kQSteps; ++kk) {
     const int col = kk * 16 + (lane >> 4) * 8;  // lanes 16..31 address the right 8x8 matrices
-    ptx::ldmatrix_x4(q[kk], q_base + (col / 64) * Br * 128 + ptx::swizzle_128b(16 * warp + (lane & 15), (col % 64) / 8));
+    ptx::ldmatrix_x4(q[kk], q_base + (col / 64) * Br * 128 + Tr::smem_offset(16 * warp + (lane & 15), (col % 64) / 8));
   }
 
   // ---- main loop over K/V tiles -----------------------------------------------------------------------
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const int key = np * 16 + (lane & 7) + (lane >> 4) * 8;
         const int col = kk * 16 + ((lane >> 3) & 1) * 8;
         uint32_t kb[4];
-        ptx::ldmatrix_x4(kb, k_base + (col / 64) * Bc * 128 + ptx::swizzle_128b(key, (col % 64) / 8));
+        ptx::ldmatrix_x4(kb, k_base + (col / 64) * Bc * 128 + Tr::smem_offset(key, (col % 64) / 8));
         ptx::mma_16816<T>(s[2 * np], q[kk], {kb[0], kb[1]});
             ptx::mma_16816<T>(s[2 * np + 1], q[kk], {kb[2], kb[3]});
       }
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
         const int col = np * 16 + (lane >> 4) * 8;
         uint32_t vb[4];
-        ptx::ldmatrix_x4_trans(vb, v_base + (col / 64) * Bc * 128 + ptx::swizzle_128b(key, (col % 64) / 8));
+        ptx::ldmatrix_x4_trans(vb, v_base + (col / 64) * Bc * 128 + Tr::smem_offset(key, (col % 64) / 8));
         ptx::mma_16816<T>(o[2 * np], pa[kk], {vb[0], vb[1]});
         ptx::mma_16816<T>(o[2 * np + 1], pa[kk], {vb[2], vb[3]});
       }
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const uint32_t panel = (col / 64) * Br * 128;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint32_t off = panel + ptx::swizzle_128b(16 * warp + g + 8 * r, (col % 64) / 8) + (col % 8) * 2;
+      const uint32_t off = panel + Tr::smem_offset(16 * warp + g + 8 * r, (col % 64) / 8) + (col % 8) * 2;
       *reinterpret_cast<uint32_t*>(sO + off) = ptx::pack2<T>(o[nd][2 * r] * inv_l[r], o[nd][2 * r + 1] * inv_l[r]);
     }
   }

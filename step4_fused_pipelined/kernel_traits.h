@@ -9,15 +9,20 @@
 #include <cstddef>
 #include <cstdint>
 
+#ifdef __CUDACC__
+#include "common/ptx.h"
+#endif
+
 namespace fa::step4 {
 
 // Shared memory one block may use on sm_120 (RTX 50-series): 99 KB with the opt-in attribute.
 constexpr size_t kSm120SmemBytes = 99 * 1024;
 
-template <typename T_, int D_, int Br_, int Bc_, int Warps_, int Stages_>
+template <typename T_, int D_, int Br_, int Bc_, int Warps_, int Stages_, bool Swizzle_ = true>
 struct FwdTraits {
   using T = T_;
   static constexpr int D = D_, Br = Br_, Bc = Bc_, kWarps = Warps_, kStages = Stages_;
+  static constexpr bool kSwizzle = Swizzle_;  // false: the ablation without the 128-byte swizzle
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPanelCols = 64;            // 64 x 16-bit = 128 bytes: one row of a swizzle panel
   static constexpr int kPanels = D / kPanelCols;   // a [rows, D] tile is stored as kPanels [rows, 64] panels
@@ -44,6 +49,18 @@ struct FwdTraits {
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
 
   static constexpr bool kFitsSm120 = kSmemBytes <= kSm120SmemBytes;
+
+  // Byte offset of (row, 16-byte chunk) in a 1024-byte-aligned panel of 128-byte rows, laid out the way
+  // the tensor map's TMA writes it: swizzled (common/ptx.h) or, for the ablation, plain row-major, where
+  // the 8 rows an ldmatrix reads at one chunk all fall in the same 4 banks (an 8-way conflict).
+  __device__ static uint32_t smem_offset(int row, int chunk);
 };
+
+#ifdef __CUDACC__
+template <typename T_, int D_, int Br_, int Bc_, int Warps_, int Stages_, bool Swizzle_>
+__device__ __forceinline__ uint32_t FwdTraits<T_, D_, Br_, Bc_, Warps_, Stages_, Swizzle_>::smem_offset(int row, int chunk) {
+  return Swizzle_ ? ptx::swizzle_128b(row, chunk) : uint32_t(row * 128 + chunk * 16);
+}
+#endif
 
 }  // namespace fa::step4

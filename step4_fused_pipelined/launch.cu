@@ -30,13 +30,13 @@ struct Configs {
   // Every configuration --variant can name (step 6 sweeps them): tile sizes, warps, pipeline depth.
   using All = ConfigList<FwdTraits<T, D, 128, 64, 8, 1>, FwdTraits<T, D, 128, 64, 8, 2>, FwdTraits<T, D, 128, 64, 8, 3>,
                          FwdTraits<T, D, 128, 128, 8, 2>, FwdTraits<T, D, 64, 64, 4, 2>, FwdTraits<T, D, 64, 64, 4, 3>,
-                         FwdTraits<T, D, 64, 128, 4, 2>>;
+                         FwdTraits<T, D, 64, 128, 4, 2>, FwdTraits<T, D, 64, 64, 4, 2, /*Swizzle=*/false>>;
 };
 
 template <class Tr>
 std::string config_name() {
   return "Br" + std::to_string(Tr::Br) + "-Bc" + std::to_string(Tr::Bc) + "-W" + std::to_string(Tr::kWarps) +
-         "-S" + std::to_string(Tr::kStages);
+         "-S" + std::to_string(Tr::kStages) + (Tr::kSwizzle ? "" : "-noswizzle");
 }
 
 template <class... Tr>
@@ -79,10 +79,10 @@ class FusedRunner final : public GpuRunner {
     if (size_t(optin) < Tr::kSmemBytes)
       throw std::runtime_error("this config needs " + std::to_string(Tr::kSmemBytes) +
                                " bytes of shared memory per block; the device allows " + std::to_string(optin));
-    const CUtensorMap tq = make_tensor_map_bhnd(q_.get(), p_.dtype, p_.B * p_.Hq, p_.Nq, Tr::D, Tr::Br);
-    const CUtensorMap tk = make_tensor_map_bhnd(k_.get(), p_.dtype, p_.B * p_.Hkv, p_.Nk, Tr::D, Tr::Bc);
-    const CUtensorMap tv = make_tensor_map_bhnd(v_.get(), p_.dtype, p_.B * p_.Hkv, p_.Nk, Tr::D, Tr::Bc);
-    const CUtensorMap to = make_tensor_map_bhnd(o_.get(), p_.dtype, p_.B * p_.Hq, p_.Nq, Tr::D, 16);  // a warp's rows
+    const CUtensorMap tq = make_tensor_map_bhnd(q_.get(), p_.dtype, p_.B * p_.Hq, p_.Nq, Tr::D, Tr::Br, Tr::kSwizzle);
+    const CUtensorMap tk = make_tensor_map_bhnd(k_.get(), p_.dtype, p_.B * p_.Hkv, p_.Nk, Tr::D, Tr::Bc, Tr::kSwizzle);
+    const CUtensorMap tv = make_tensor_map_bhnd(v_.get(), p_.dtype, p_.B * p_.Hkv, p_.Nk, Tr::D, Tr::Bc, Tr::kSwizzle);
+    const CUtensorMap to = make_tensor_map_bhnd(o_.get(), p_.dtype, p_.B * p_.Hq, p_.Nq, Tr::D, 16, Tr::kSwizzle);  // a warp's rows
     auto kernel = params_.dropout.threshold ? fused_forward<Tr, true> : fused_forward<Tr, false>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
     const int64_t blocks = (p_.Nq + Tr::Br - 1) / Tr::Br * p_.Hq * p_.B;
