@@ -5,6 +5,7 @@
 // Variants: "auto" picks by the device's compute capability; "sm90" and "sm120" force one, so the
 // sm_120 configs run in the H100 test grid too.
 #include <functional>
+#include <stdexcept>
 
 #include "common/gpu_types.h"
 #include "common/tma.h"
@@ -53,56 +54,64 @@ int compute_capability_major() {
   return major;
 }
 
+// Set-up, outside any timed region: tensor maps, the shared-memory opt-in, the launch closure.
+template <class Tr>
+std::function<void()> prepare(const Problem& p, const AttnParams& params) {
+  int dev = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (size_t(optin) < Tr::kSmemBytes)
+    throw std::runtime_error("this config needs " + std::to_string(Tr::kSmemBytes) +
+                             " bytes of shared memory per block; the device allows " + std::to_string(optin));
+  const CUtensorMap tq = make_tensor_map_bhnd(params.q, p.dtype, p.B * p.Hq, p.Nq, Tr::D, Tr::Br, Tr::kSwizzle);
+  const CUtensorMap tk = make_tensor_map_bhnd(params.k, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, Tr::kSwizzle);
+  const CUtensorMap tv = make_tensor_map_bhnd(params.v, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, Tr::kSwizzle);
+  const CUtensorMap to = make_tensor_map_bhnd(params.o, p.dtype, p.B * p.Hq, p.Nq, Tr::D, 16, Tr::kSwizzle);  // a warp's rows
+  auto kernel = params.dropout.threshold ? fused_forward<Tr, true> : fused_forward<Tr, false>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+  const int64_t blocks = (p.Nq + Tr::Br - 1) / Tr::Br * p.Hq * p.B;
+  if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
+  return [=] {
+    kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes>>>(tq, tk, tv, to, params);
+    CUDA_CHECK_LAUNCH();
+  };
+}
+
+template <class... Tr>
+std::function<void()> prepare_named(const std::string& name, const Problem& p, const AttnParams& params,
+                                    ConfigList<Tr...>) {
+  std::function<void()> f;
+  ((name == config_name<Tr>() ? (f = prepare<Tr>(p, params), true) : false) || ...);
+  if (!f) throw std::invalid_argument("step 4 has no config " + name);
+  return f;
+}
+
 class FusedRunner final : public GpuRunner {
  public:
-  FusedRunner(const Problem& p, const Inputs& in, const std::string& variant) : GpuRunner(p, in) {
-    const std::string cfg = variant != "auto" ? variant : compute_capability_major() >= 12 ? "sm120" : "sm90";
-    dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
-      using T = decltype(t);
-      dispatch_head_dim(int(p.d), [&](auto dim) {
-        constexpr int D = decltype(dim)::value;
-        if (cfg == "sm120") return prepare<typename Configs<T, D>::Sm120>();
-        if (cfg == "sm90") return prepare<typename Configs<T, D>::Sm90>();
-        if (!prepare_named(cfg, typename Configs<T, D>::All{})) throw std::invalid_argument("no config " + cfg);
-      });
-    });
-  }
+  FusedRunner(const Problem& p, const Inputs& in, const std::string& variant)
+      : GpuRunner(p, in), launch_(make_forward(p, params_, variant)) {}
   void run() override { launch_(); }
 
  private:
-  // Set-up, outside any timed region: tensor maps, the shared-memory opt-in, the launch closure.
-  template <class Tr>
-  void prepare() {
-    int dev = 0, optin = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (size_t(optin) < Tr::kSmemBytes)
-      throw std::runtime_error("this config needs " + std::to_string(Tr::kSmemBytes) +
-                               " bytes of shared memory per block; the device allows " + std::to_string(optin));
-    const CUtensorMap tq = make_tensor_map_bhnd(q_.get(), p_.dtype, p_.B * p_.Hq, p_.Nq, Tr::D, Tr::Br, Tr::kSwizzle);
-    const CUtensorMap tk = make_tensor_map_bhnd(k_.get(), p_.dtype, p_.B * p_.Hkv, p_.Nk, Tr::D, Tr::Bc, Tr::kSwizzle);
-    const CUtensorMap tv = make_tensor_map_bhnd(v_.get(), p_.dtype, p_.B * p_.Hkv, p_.Nk, Tr::D, Tr::Bc, Tr::kSwizzle);
-    const CUtensorMap to = make_tensor_map_bhnd(o_.get(), p_.dtype, p_.B * p_.Hq, p_.Nq, Tr::D, 16, Tr::kSwizzle);  // a warp's rows
-    auto kernel = params_.dropout.threshold ? fused_forward<Tr, true> : fused_forward<Tr, false>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
-    const int64_t blocks = (p_.Nq + Tr::Br - 1) / Tr::Br * p_.Hq * p_.B;
-    if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
-    const AttnParams params = params_;
-    launch_ = [=] {
-      kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes>>>(tq, tk, tv, to, params);
-      CUDA_CHECK_LAUNCH();
-    };
-  }
-
-  template <class... Tr>
-  bool prepare_named(const std::string& name, ConfigList<Tr...>) {
-    return ((name == config_name<Tr>() ? (prepare<Tr>(), true) : false) || ...);
-  }
-
   std::function<void()> launch_;
 };
 
 }  // namespace
+
+std::function<void()> make_forward(const Problem& p, const AttnParams& params, const std::string& variant) {
+  const std::string cfg = variant != "auto" ? variant : compute_capability_major() >= 12 ? "sm120" : "sm90";
+  std::function<void()> f;
+  dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    dispatch_head_dim(int(p.d), [&](auto dim) {
+      constexpr int D = decltype(dim)::value;
+      if (cfg == "sm120") f = prepare<typename Configs<T, D>::Sm120>(p, params);
+      else if (cfg == "sm90") f = prepare<typename Configs<T, D>::Sm90>(p, params);
+      else f = prepare_named(cfg, p, params, typename Configs<T, D>::All{});
+    });
+  });
+  return f;
+}
 
 Stage stage() {
   Stage s;
