@@ -13,6 +13,7 @@
 #include "cuda_util.h"
 #include "step3_naive_kernel/naive.h"
 #include "step4_fused_pipelined/fused.h"
+#include "step5_backward/backward.h"
 #endif
 
 namespace fa {
@@ -27,6 +28,7 @@ const std::vector<Stage>& stages() {
 #ifdef FA_WITH_CUDA
     v.push_back(step3::stage());
     v.push_back(step4::stage());
+    v.push_back(step5::stage());
 #endif
     return v;
   }();

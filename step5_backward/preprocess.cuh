@@ -1,0 +1,31 @@
+// FlashAttention, step by step — step 5: the preprocess kernel, D = rowsum(dO * O)
+// (step5_backward/preprocess.cuh)
+//
+// FlashAttention-2, Algorithm 2: D_i = rowsum(dO_i o O_i), one fp32 number per query row. It
+// stands for rowsum(P_i o dP_i) (README.md derives why), the term every dS = P o (dP - D) needs; computing
+// it once here, from O and dO alone, keeps the main kernels from carrying it (and its registers).
+// Shapes: O, dO [B, Hq, Nq, d] (16-bit) -> D [B, Hq, Nq] (fp32). One warp per row.
+#pragma once
+#include <cstdint>
+
+#include "common/gpu_types.h"
+
+namespace fa::step5 {
+
+constexpr int kPreprocessWarps = 8;  // rows per block of 256 threads
+
+// grid = ceil(rows / kPreprocessWarps), block = 32 * kPreprocessWarps; rows = B * Hq * Nq.
+template <typename T>
+__global__ void __launch_bounds__(32 * kPreprocessWarps)
+    preprocess_kernel(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ dsum, int64_t rows, int d) {
+  const int64_t row = int64_t(blockIdx.x) * kPreprocessWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float acc = 0.0f;
+  for (int c = lane; c < d; c += 32) acc += to_float(o[row * d + c]) * to_float(dout[row * d + c]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) dsum[row] = acc;
+}
+
+}  // namespace fa::step5

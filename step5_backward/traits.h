@@ -1,0 +1,70 @@
+// FlashAttention, step by step — step 5: compile-time tile configuration of the backward kernels
+// (step5_backward/traits.h)
+//
+// Two kernels, two tile shapes (README.md, "the two-kernel split"):
+//   DkDvTraits  one block owns Bc = 16 x Warps keys of one KV head (each warp 16 keys: the m16 of the
+//               transposed products S^T = K Q^T and dP^T = V dO^T); Q and dO stream past in tiles of
+//               Bq query rows through a ring of Stages shared-memory slots.
+//   DqTraits    one block owns Br = 16 x Warps query rows of one query head (each warp 16 rows, Q and dO
+//               in registers, as Q in step 4); K and V stream past in tiles of Bc keys.
+// Every tile is stored as D / 64 panels of [rows, 64] 16-bit elements with the 128-byte swizzle (TMA
+// writes them, ldmatrix reads them), so each panel must be 1024-byte aligned: rows % 8 == 0.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace fa::step5 {
+
+// Shared memory one block may use on sm_120 (RTX 50-series): 99 KB with the opt-in attribute.
+constexpr size_t kSm120SmemBytes = 99 * 1024;
+
+template <typename T_, int D_, int Warps_, int Bq_, int Stages_>
+struct DkDvTraits {
+  using T = T_;
+  static constexpr int D = D_, kWarps = Warps_, Bc = 16 * Warps_, Bq = Bq_, kStages = Stages_;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kPanels = D / 64;
+
+  static_assert(sizeof(T) == 2, "tensor-core operands are bf16 or fp16");
+  static_assert(D == 64 || D == 128, "d is split into 64-column panels, the width of the 128-byte swizzle");
+  static_assert(Bq % 16 == 0, "dV += P^T dO and dK += dS^T Q walk the queries in k16 steps");
+  static_assert(Bc <= 256 && Bq <= 256, "a TMA box spans at most 256 rows");
+  static_assert(kStages >= 2 && kStages <= 4, "2 to 4 Q/dO stages: the producer refills a slot one step late");
+  // Per thread: dK and dV accumulators (2 x D/8 x 4 floats) + S^T and dP^T (2 x Bq/8 x 4 floats).
+  static constexpr int kFragRegs = 2 * (D / 8 * 4) + 2 * (Bq / 8 * 4);
+  static_assert(kFragRegs <= 200, "fragments alone would exceed the 255-register limit once addresses are added");
+
+  static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
+  static constexpr size_t kQBytes = size_t(Bq) * D * sizeof(T);   // one Q (or dO) tile of the ring
+  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages);  // kv_full, full[stages], empty[stages]
+  // 1024 bytes of slack align the dynamic shared base (16-byte aligned) to the panels' 1024 bytes.
+  static constexpr size_t kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + kBarrierBytes;
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
+  static constexpr bool kFitsSm120 = kSmemBytes <= kSm120SmemBytes;
+};
+
+template <typename T_, int D_, int Warps_, int Bc_, int Stages_>
+struct DqTraits {
+  using T = T_;
+  static constexpr int D = D_, kWarps = Warps_, Br = 16 * Warps_, Bc = Bc_, kStages = Stages_;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kPanels = D / 64;
+
+  static_assert(sizeof(T) == 2, "tensor-core operands are bf16 or fp16");
+  static_assert(D == 64 || D == 128, "d is split into 64-column panels, the width of the 128-byte swizzle");
+  static_assert(Bc % 16 == 0, "dQ += dS K walks the keys in k16 steps, and K is read 16 keys per ldmatrix.x4");
+  static_assert(Bc <= 256 && Br <= 256, "a TMA box spans at most 256 rows");
+  static_assert(kStages >= 2 && kStages <= 4, "2 to 4 K/V stages: the producer refills a slot one step late");
+  // Per thread: Q and dO A fragments (2 x D/16 x 4), dQ (D/8 x 4), S and dP (2 x Bc/8 x 4).
+  static constexpr int kFragRegs = 2 * (D / 16 * 4) + D / 8 * 4 + 2 * (Bc / 8 * 4);
+  static_assert(kFragRegs <= 200, "fragments alone would exceed the 255-register limit once addresses are added");
+
+  static constexpr size_t kQBytes = size_t(Br) * D * sizeof(T);   // the Q (or dO) tile, loaded once
+  static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // one K (or V) tile of the ring
+  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages);  // q_full, full[stages], empty[stages]
+  static constexpr size_t kSmemBytes = 1024 + 2 * kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
+  static constexpr bool kFitsSm120 = kSmemBytes <= kSm120SmemBytes;
+};
+
+}  // namespace fa::step5
