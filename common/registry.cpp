@@ -5,15 +5,13 @@
 
 #include "stage.h"
 #include "step1_cpu_reference/reference.h"
-#if __has_include("step2_online_softmax/online.h")
 #include "step2_online_softmax/online.h"
-#define FA_HAVE_STEP2
-#endif
 #ifdef FA_WITH_CUDA
 #include "cuda_util.h"
 #include "step3_naive_kernel/naive.h"
 #include "step4_fused_pipelined/fused.h"
 #include "step5_backward/backward.h"
+#include "step6_autotune/autotune.h"
 #endif
 
 namespace fa {
@@ -22,13 +20,12 @@ const std::vector<Stage>& stages() {
   static const std::vector<Stage> all = [] {
     std::vector<Stage> v;
     v.push_back(step1::stage());
-#ifdef FA_HAVE_STEP2
     v.push_back(step2::stage());
-#endif
 #ifdef FA_WITH_CUDA
     v.push_back(step3::stage());
     v.push_back(step4::stage());
     v.push_back(step5::stage());
+    v.push_back(step6::stage());
 #endif
     return v;
   }();

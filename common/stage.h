@@ -46,6 +46,13 @@ struct Stage {
   std::vector<std::string> variants;  // selectable with --variant; the first is the default; all are tested
   // Further configurations --variant accepts (tile sizes, stages, ...): what step 6's autotuner sweeps.
   std::vector<std::string> tuning_variants;
+  // Per block: shared memory (bytes) and threads of a variant on problem p. Step 6 filters on these
+  // against the device's limits before timing anything.
+  struct LaunchShape {
+    size_t smem_bytes = 0;
+    int threads = 0;
+  };
+  std::function<LaunchShape(const Problem& p, const std::string& variant)> launch_shape;
   // "" when the stage can run `p`, otherwise the reason (e.g. "head dim 96 is not supported").
   std::function<std::string(const Problem& p, const std::string& variant)> unsupported;
   std::function<std::unique_ptr<Runner>(const Problem& p, const Inputs& in, const std::string& variant)> make;

@@ -1,0 +1,190 @@
+// FlashAttention, step by step — step 6: the autotuner (step6_autotune/autotune.cpp)
+#include "autotune.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/cuda_util.h"
+#include "common/eval.h"
+#include "step4_fused_pipelined/fused.h"
+
+namespace fa::step6 {
+
+using nlohmann::json;
+
+DeviceLimits current_device() {
+  int dev = 0, optin = 0, threads = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerBlock, dev));
+  return {prop.name, prop.major, prop.minor, size_t(optin), threads};
+}
+
+std::vector<std::string> feasible_variants(const Stage& s, const Problem& p, const DeviceLimits& dev,
+                                           std::vector<std::string>* rejected) {
+  std::vector<std::string> ok;
+  for (const std::string& v : s.tuning_variants) {
+    const Stage::LaunchShape shape = s.launch_shape(p, v);
+    std::string why;
+    if (shape.smem_bytes > dev.smem_optin)
+      why = std::to_string(shape.smem_bytes) + " bytes of shared memory > the device's " + std::to_string(dev.smem_optin);
+    else if (shape.threads > dev.max_threads)
+      why = std::to_string(shape.threads) + " threads > the device's " + std::to_string(dev.max_threads);
+    if (why.empty()) ok.push_back(v);
+    else if (rejected) rejected->push_back(v + ": " + why);
+  }
+  return ok;
+}
+
+std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev) {
+  int64_t bucket = 1;  // sequence lengths share a choice within a power of two
+  while (bucket < std::max(p.Nq, p.Nk)) bucket *= 2;
+  return dev.name + "|sm" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor) + "|" + s.name + "|" +
+         (p.backward ? "bwd" : "fwd") + "|" + dtype_name(p.dtype) + "|d" + std::to_string(p.d) + "|" +
+         (p.causal ? "causal" : "full") + "|g" + std::to_string(p.group()) + "|N<=" + std::to_string(bucket);
+}
+
+bool autotune_disabled() {
+  for (const char* name : {"DISABLE_AUTOTUNE", "FMHA_DISABLE_AUTOTUNE"}) {
+    const char* v = std::getenv(name);
+    if (v && *v && std::string(v) != "0") return true;
+  }
+  return false;
+}
+
+std::string default_cache_path() {
+  if (const char* f = std::getenv("FA_AUTOTUNE_CACHE"); f && *f) return f;
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string base = xdg && *xdg ? xdg : std::string(home ? home : "/tmp") + "/.cache";
+  return base + "/flashattention-step-by-step/autotune.json";
+}
+
+namespace {
+
+json load_cache(const std::string& file) {
+  std::ifstream f(file);
+  if (!f) return json{{"version", 1}, {"entries", json::object()}};
+  try {
+    json j = json::parse(f);
+    if (!j.contains("entries")) throw std::runtime_error("no entries");
+    return j;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "autotune: ignoring unreadable cache %s (%s)\n", file.c_str(), e.what());
+    return json{{"version", 1}, {"entries", json::object()}};
+  }
+}
+
+void save_cache(const std::string& file, const json& j) {
+  const size_t slash = file.rfind('/');
+  if (slash != std::string::npos) std::system(("mkdir -p '" + file.substr(0, slash) + "'").c_str());
+  const std::string tmp = file + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!f) throw std::runtime_error("cannot write the autotune cache " + tmp);
+    f << j.dump(1) << "\n";
+  }
+  if (std::rename(tmp.c_str(), file.c_str()) != 0) throw std::runtime_error("cannot rename " + tmp + " to " + file);
+}
+
+// Quick check: the candidate computes what the default configuration computes, up to a few roundings
+// of the storage type (tile sizes change the order of the sums and where P is rounded).
+bool same_result(const Tensor& a, const Tensor& ref, DType t) {
+  const double eps = t == DType::bf16 ? 1.0 / 256 : t == DType::fp16 ? 1.0 / 2048 : 1e-6;
+  double ref_max = 1.0, diff = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(a.data[i])) return false;
+    ref_max = std::max(ref_max, double(std::fabs(ref.data[i])));
+    diff = std::max(diff, double(std::fabs(a.data[i] - ref.data[i])));
+  }
+  return diff <= 8 * eps * ref_max;
+}
+
+}  // namespace
+
+Autotuner::Autotuner(std::string cache_file) : file_(std::move(cache_file)) {}
+
+std::string Autotuner::cached(const Stage& s, const Problem& p) const {
+  const json j = load_cache(file_);
+  const std::string key = cache_key(s, p, current_device());
+  return j["entries"].contains(key) ? j["entries"][key]["variant"].get<std::string>() : "";
+}
+
+void Autotuner::clear() { std::remove(file_.c_str()); }
+
+Choice Autotuner::choose(const Stage& s, const Problem& p, bool force) {
+  const std::string def = s.variants.empty() ? "" : s.variants[0];
+  if (s.tuning_variants.empty()) return {def, "default (nothing to tune)", {}};
+  if (autotune_disabled()) return {def, "default (DISABLE_AUTOTUNE)", {}};
+  const DeviceLimits dev = current_device();
+  const std::string key = cache_key(s, p, dev);
+  json cache = load_cache(file_);
+  if (!force && cache["entries"].contains(key)) return {cache["entries"][key]["variant"].get<std::string>(), "cache", {}};
+
+  std::vector<std::string> rejected;
+  const std::vector<std::string> candidates = feasible_variants(s, p, dev, &rejected);
+  for (const std::string& r : rejected) std::fprintf(stderr, "autotune: skip %s\n", r.c_str());
+  const bool bwd = p.backward && s.has_backward;
+  const double flops = bwd ? p.flops_backward() : p.flops_forward();
+
+  const Inputs in = random_inputs(p);  // fresh inputs, drawn for this tuning run
+  Tensor ref_o;
+  {
+    auto r = s.make(p, in, def);
+    r->run();
+    ref_o = r->outputs().o;
+  }
+  Choice best{def, "tuned now", {}};
+  double best_tflops = -1;
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    const std::string& v = candidates[k];
+    std::fprintf(stderr, "autotune [%zu/%zu] %-28s ", k + 1, candidates.size(), v.c_str());
+    auto r = s.make(p, in, v);
+    r->run();
+    if (bwd) r->run_backward();
+    if (!same_result(r->outputs().o, ref_o, p.dtype)) {
+      std::fprintf(stderr, "differs from the default configuration: skipped\n");
+      continue;
+    }
+    const Timing t = time_runner(*r, s, bwd);
+    const double tflops = flops / ((bwd ? t.bwd_ms : t.fwd_ms) * 1e-3) / 1e12;
+    std::fprintf(stderr, "%8.1f TFLOP/s\n", tflops);
+    best.table.emplace_back(v, tflops);
+    if (tflops > best_tflops) best_tflops = tflops, best.variant = v;
+  }
+  if (best_tflops > 0) {
+    std::time_t now = std::time(nullptr);
+    char date[32];
+    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+    cache["entries"][key] = {{"variant", best.variant}, {"tflops", best_tflops}, {"date", date}};
+    save_cache(file_, cache);
+  }
+  return best;
+}
+
+Stage stage() {
+  const Stage base = step4::stage();
+  Stage s;
+  s.name = "step6_autotune";
+  s.title = "step 4's forward in the configuration tuned for this GPU and problem (cached)";
+  s.gpu = true;
+  s.variants = {"tuned"};
+  s.unsupported = [base](const Problem& p, const std::string&) { return base.unsupported(p, "auto"); };
+  s.make = [base](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
+    const Choice c = Autotuner().choose(base, p);
+    std::fprintf(stderr, "step6_autotune: %s config %s\n", c.source.c_str(), c.variant.c_str());
+    return base.make(p, in, c.variant);
+  };
+  return s;
+}
+
+}  // namespace fa::step6

@@ -1,0 +1,65 @@
+// FlashAttention, step by step — step 6: the autotuner (step6_autotune/autotune.h)
+//
+// What it adds over step 5: nothing new on the GPU. Steps 4 and 5 compile a list of configurations
+// (tile sizes Br and Bc, warps, pipeline stages), each selectable by name; which one is fastest depends on
+// the GPU, the head dim, the mask and the sequence length (docs/results/step4.md: Bc = 128 wins at
+// d = 128 on an H100, two 4-warp blocks win at d = 64). The autotuner
+//   1. filters the list by what the device allows (shared memory per block, threads per block),
+//   2. times each survivor on the user's problem (fresh inputs, warm-up, median of CUDA-event timings),
+//      after a quick check that it computes what the default configuration computes,
+//   3. caches the winner in a JSON file keyed by GPU, compute capability, dtype, head dim, causal, GQA
+//      group and a sequence-length bucket, so later runs time nothing.
+// DISABLE_AUTOTUNE=1 (or FMHA_DISABLE_AUTOTUNE=1) skips all of it and uses the default configuration.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/stage.h"
+
+namespace fa::step6 {
+
+struct DeviceLimits {
+  std::string name;       // "NVIDIA H100 80GB HBM3"
+  int cc_major = 0, cc_minor = 0;
+  size_t smem_optin = 0;  // shared memory one block may use with the opt-in attribute
+  int max_threads = 0;    // threads per block
+};
+DeviceLimits current_device();  // from the CUDA runtime
+
+// The stage's tuning variants that fit `dev`; `rejected` gets "name: reason" for the others.
+std::vector<std::string> feasible_variants(const Stage& s, const Problem& p, const DeviceLimits& dev,
+                                           std::vector<std::string>* rejected = nullptr);
+
+// "gpu|cc|stage|fwd|dtype|d|causal|group|N<=bucket": the cache key of a problem.
+std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev);
+
+bool autotune_disabled();          // DISABLE_AUTOTUNE or FMHA_DISABLE_AUTOTUNE set to a non-zero value
+std::string default_cache_path();  // $XDG_CACHE_HOME or ~/.cache, /flashattention-step-by-step/autotune.json
+
+struct Choice {
+  std::string variant;  // the configuration to run
+  std::string source;   // "default (DISABLE_AUTOTUNE)", "cache", "tuned now"
+  std::vector<std::pair<std::string, double>> table;  // every timed config and its TFLOP/s (tuned now)
+};
+
+class Autotuner {
+ public:
+  explicit Autotuner(std::string cache_file = default_cache_path());
+  // The configuration for `p`: the default if disabled, the cached one if any (unless `force`),
+  // otherwise tuned now (and cached). Progress goes to stderr.
+  Choice choose(const Stage& s, const Problem& p, bool force = false);
+  // Only what is cached: "" if nothing is.
+  std::string cached(const Stage& s, const Problem& p) const;
+  void clear();  // removes the cache file
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+};
+
+// The registry entry "step6_autotune": step 4's forward in its tuned configuration (tuned in make(),
+// outside any timed region).
+Stage stage();
+
+}  // namespace fa::step6

@@ -1,0 +1,61 @@
+// FlashAttention, step by step — step 6's executable: tune step 4 for a problem, cache the choice, run it.
+//
+//   step6_autotune --seq 4096 --dim 128 --causal --bench     tune (or read the cache), then run and time
+//   step6_autotune ... --autotune                             tune again even if the cache has a choice
+//   step6_autotune --clear-cache                              forget every cached choice
+// DISABLE_AUTOTUNE=1 (or FMHA_DISABLE_AUTOTUNE=1) runs step 4's default configuration without timing.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "autotune.h"
+#include "common/harness.h"
+#include "step4_fused_pipelined/fused.h"
+
+int main(int argc, char** argv) {
+  try {
+    CLI::App app{"step6_autotune: step 4's forward in the configuration tuned for this GPU and problem"};
+    fa::CommonOptions o;
+    fa::add_common_options(app, o);
+    bool force = false, clear = false;
+    std::string cache, table_json;
+    app.add_flag("--autotune", force, "time every configuration again, even if the cache has a choice");
+    app.add_option("--cache", cache, "the cache file (default " + fa::step6::default_cache_path() + ")");
+    app.add_flag("--clear-cache", clear, "delete the cache file, then continue (or stop, if nothing else to do)");
+    app.add_option("--table-json", table_json, "append this problem's table of every config's TFLOP/s to FILE");
+    CLI11_PARSE(app, argc, argv);
+    if (!cache.empty()) setenv("FA_AUTOTUNE_CACHE", cache.c_str(), 1);  // seen by the stage's make() too
+    fa::step6::Autotuner tuner;
+    if (clear) {
+      tuner.clear();
+      std::printf("cleared %s\n", tuner.file().c_str());
+      if (argc == 2 || (argc == 4 && !cache.empty())) return 0;
+    }
+
+    const fa::Stage& s = fa::find_stage("step6_autotune");
+    if (const std::string why = fa::gpu_unavailable_reason(); !why.empty())
+      throw std::runtime_error("step6_autotune needs a CUDA GPU: " + why);
+    fa::CommonOptions probe = o;  // resolve the problem once to tune it (prepare_inputs fills the defaults)
+    fa::prepare_inputs(probe);
+    const fa::Stage base = fa::step4::stage();
+    const fa::step6::Choice c = tuner.choose(base, probe.problem, force);
+    std::printf("configuration: %s (%s; cache %s)\n", c.variant.c_str(), c.source.c_str(), tuner.file().c_str());
+    if (!c.table.empty()) {
+      std::printf("%-28s %10s\n", "config", "TFLOP/s");
+      for (const auto& [name, tf] : c.table) std::printf("%-28s %10.1f%s\n", name.c_str(), tf, name == c.variant ? "  <- chosen" : "");
+      if (!table_json.empty()) {
+        const fa::Problem& p = probe.problem;
+        nlohmann::json rec = {{"device", fa::device_name(true)}, {"d", p.d}, {"Nq", p.Nq}, {"Nk", p.Nk}, {"B", p.B},
+                              {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"causal", p.causal}, {"dtype", fa::dtype_name(p.dtype)},
+                              {"git", fa::git_revision()}, {"chosen", c.variant}, {"table", c.table}};
+        std::ofstream(table_json, std::ios::app) << rec.dump() << "\n";
+      }
+    }
+    return fa::run_stage(s, o);  // make() now reads the cache: nothing is timed twice
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "step6_autotune: error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,105 @@
+// FlashAttention, step by step — tests of step 6, the autotuner: the device filter (with a fake sm_120
+// description), the cache key, DISABLE_AUTOTUNE, and (on a GPU) the cache round trip.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "common/eval.h"
+#include "step4_fused_pipelined/fused.h"
+#include "step6_autotune/autotune.h"
+
+namespace fa {
+namespace {
+
+Problem problem(int64_t d, int64_t n, bool causal = false, int64_t hkv = 4) {
+  Problem p;
+  p.B = 1;
+  p.Hq = 4;
+  p.Hkv = hkv;
+  p.Nq = p.Nk = n;
+  p.d = d;
+  p.causal = causal;
+  p.input_pos = 0;
+  p.scale = 1.0f / std::sqrt(float(d));
+  p.dtype = DType::bf16;
+  return p;
+}
+
+// An RTX 50-series card as its driver describes it: 99 KB of opt-in shared memory per block.
+const step6::DeviceLimits kFakeSm120{"NVIDIA GeForce RTX 5090 (fake)", 12, 0, 99 * 1024, 1024};
+const step6::DeviceLimits kFakeH100{"NVIDIA H100 80GB HBM3 (fake)", 9, 0, 227 * 1024, 1024};
+
+TEST(Step6Filter, RejectsConfigsThatDoNotFitSm120) {
+  const Stage s = step4::stage();
+  for (int64_t d : {64, 128}) {
+    const Problem p = problem(d, 1024);
+    std::vector<std::string> rejected;
+    const auto ok = step6::feasible_variants(s, p, kFakeSm120, &rejected);
+    for (const auto& v : ok) EXPECT_LE(s.launch_shape(p, v).smem_bytes, kFakeSm120.smem_optin) << v;
+    EXPECT_NE(std::find(ok.begin(), ok.end(), "Br64-Bc64-W4-S2"), ok.end()) << "the sm_120 default must survive";
+    EXPECT_EQ(ok.size() + rejected.size(), s.tuning_variants.size());
+    if (d == 128) {  // Bc = 128 at d = 128 needs 161 KB: an H100 runs it, an RTX 50-series cannot
+      EXPECT_EQ(std::find(ok.begin(), ok.end(), "Br128-Bc128-W8-S2"), ok.end());
+      ASSERT_FALSE(rejected.empty());
+      EXPECT_NE(rejected[0].find("shared memory"), std::string::npos) << rejected[0];
+    }
+    EXPECT_EQ(step6::feasible_variants(s, p, kFakeH100).size(), s.tuning_variants.size()) << "d = " << d;
+  }
+}
+
+TEST(Step6Cache, KeyBucketsSequenceLengthsAndSeparatesFeatures) {
+  const Stage s = step4::stage();
+  const auto key = [&](const Problem& p) { return step6::cache_key(s, p, kFakeH100); };
+  EXPECT_EQ(key(problem(128, 3000)), key(problem(128, 4096)));
+  EXPECT_NE(key(problem(128, 4096)), key(problem(128, 4097)));
+  EXPECT_NE(key(problem(128, 4096)), key(problem(128, 4096, true)));
+  EXPECT_NE(key(problem(128, 4096)), key(problem(64, 4096)));
+  EXPECT_NE(key(problem(128, 4096)), key(problem(128, 4096, false, 1)));  // GQA group 4 vs 1
+  EXPECT_NE(key(problem(128, 4096)), step6::cache_key(s, problem(128, 4096), kFakeSm120));
+}
+
+TEST(Step6, DisableAutotuneUsesTheDefaultWithoutTiming) {
+  for (const char* var : {"DISABLE_AUTOTUNE", "FMHA_DISABLE_AUTOTUNE"}) {
+    setenv(var, "1", 1);
+    const step6::Choice c = step6::Autotuner("/nonexistent/cache.json").choose(step4::stage(), problem(128, 4096));
+    EXPECT_EQ(c.variant, "auto");
+    EXPECT_NE(c.source.find("DISABLE_AUTOTUNE"), std::string::npos);
+    EXPECT_TRUE(c.table.empty());
+    unsetenv(var);
+  }
+}
+
+TEST(Step6, CacheRoundTripsAndTimesNothingTheSecondTime) {
+  if (const std::string why = gpu_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  unsetenv("DISABLE_AUTOTUNE");
+  unsetenv("FMHA_DISABLE_AUTOTUNE");
+  const std::string file = (std::filesystem::temp_directory_path() / "fa_step6_cache_test.json").string();
+  std::remove(file.c_str());
+  const Stage s = step4::stage();
+  const Problem p = problem(64, 512);
+  step6::Autotuner tuner(file);
+  const step6::Choice first = tuner.choose(s, p);
+  EXPECT_EQ(first.source, "tuned now");
+  EXPECT_EQ(first.table.size(), step6::feasible_variants(s, p, step6::current_device()).size());
+  const double best = std::max_element(first.table.begin(), first.table.end(),
+                                       [](auto& a, auto& b) { return a.second < b.second; })->second;
+  for (const auto& [v, tf] : first.table) {
+    if (v == first.variant) {
+      EXPECT_EQ(tf, best);
+    }
+  }
+  const step6::Choice second = step6::Autotuner(file).choose(s, p);
+  EXPECT_EQ(second.source, "cache");
+  EXPECT_EQ(second.variant, first.variant);
+  EXPECT_TRUE(second.table.empty());
+  EXPECT_EQ(tuner.cached(s, p), first.variant);
+  tuner.clear();
+  EXPECT_FALSE(std::filesystem::exists(file));
+}
+
+}  // namespace
+}  // namespace fa
