@@ -221,7 +221,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // ---- epilogue: normalise, stage O in this warp's own rows of the Q tile, TMA store ------------------
   float inv_l[2], lse[2];
   softmax.finish(inv_l, lse, p.scale_log2);
-  uint8_t* sO = reinterpret_cast<uint8_t*>(sQ);  // the warp alone read these 16 rows of Q: safe to reuse
+  uint8_t* sO = reinterpret_cast<uint8_t*>(sQ);  // the warp alone read these 16 rows of Q: safe to reuse,
+  __syncwarp();  // ... once every lane's ldmatrix of them is done (a tile with no K/V trip has no other sync)
 #pragma unroll
   for (int nd = 0; nd < kOTiles; ++nd) {
     const int col = nd * 8 + 2 * t;
