@@ -25,9 +25,6 @@ struct Configs {
   // loop, more math per barrier); d = 64 wants two blocks of 4 warps per SM, which desynchronise.
   //                    T  D  Br              Bc               Warps           Stages
   using Sm90 = FwdTraits<T, D, D == 64 ? 64 : 128, D == 64 ? 64 : 128, D == 64 ? 4 : 8, 2>;
-  // ... except d = 64 over long, unmasked K without dropout, where K/V tiles of 128 win by 1-3% (#6 of the
-  // log); with a causal mask, short K or dropout (whose Bc = 128 kernel spills) Bc = 64 stays ahead.
-  using Sm90LongKeys = FwdTraits<T, D, 64, 128, 4, 2>;
   // RTX 50-series: 99 KB per block. The best of the configs that fit, as measured on the H100.
   using Sm120 = FwdTraits<T, D, 64, 64, 4, 2>;
   static_assert(Sm120::kFitsSm120, "the sm_120 default must fit in sm_120's 99 KB of shared memory per block");
@@ -117,8 +114,6 @@ std::function<void()> make_forward(const Problem& p, const AttnParams& params, c
     dispatch_head_dim(int(p.d), [&](auto dim) {
       constexpr int D = decltype(dim)::value;
       if (cfg == "sm120") f = prepare<typename Configs<T, D>::Sm120>(p, params);
-      else if (cfg == "sm90" && D == 64 && !p.causal && p.Nk >= 4096 && p.dropout == 0)
-        f = prepare<typename Configs<T, D>::Sm90LongKeys>(p, params);
       else if (cfg == "sm90") f = prepare<typename Configs<T, D>::Sm90>(p, params);
       else f = prepare_named(cfg, p, params, typename Configs<T, D>::All{});
     });
