@@ -1,0 +1,102 @@
+// FlashAttention, step by step — what the GPU test grids share (tests/gpu_grid.h): the case description,
+// its readable name, the problem it makes, the list of "stage:variant" to run, and the verdict check.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/harness.h"
+
+namespace fa::grid {
+
+constexpr int64_t kDefaultPos = INT64_MIN;  // input_pos = Nk - Nq
+
+struct Case {
+  int64_t B, Hq, Hkv, Nq, Nk, d;
+  bool causal;
+  int64_t input_pos;  // kDefaultPos: Nk - Nq
+  DType dtype;
+  float dropout;
+};
+
+inline std::string case_name(const Case& c) {
+  std::ostringstream s;
+  s << "B" << c.B << "_H" << c.Hq << "_G" << c.Hq / c.Hkv << "_Nq" << c.Nq << "_Nk" << c.Nk << "_d" << c.d << "_"
+    << dtype_name(c.dtype);
+  if (c.causal) s << "_causal" << (c.input_pos == kDefaultPos ? "" : "_pos" + std::to_string(c.input_pos));
+  if (c.dropout > 0) s << "_dropout";
+  std::string n = s.str();
+  std::replace(n.begin(), n.end(), '-', 'm');
+  return n;
+}
+
+// Readable test parameters in gtest's output (instead of the bytes of the struct).
+inline void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
+
+// The problem of a case; the seed comes from its name, so every case draws its own inputs.
+inline Problem to_problem(const Case& c, bool backward) {
+  Problem p;
+  p.B = c.B;
+  p.Hq = c.Hq;
+  p.Hkv = c.Hkv;
+  p.Nq = c.Nq;
+  p.Nk = c.Nk;
+  p.d = c.d;
+  p.causal = c.causal;
+  p.input_pos = c.input_pos == kDefaultPos ? c.Nk - c.Nq : c.input_pos;
+  p.scale = 1.0f / std::sqrt(float(c.d));
+  p.dtype = c.dtype;
+  p.dropout = c.dropout;
+  p.seed = std::hash<std::string>{}(case_name(c)) & 0xffff;
+  p.backward = backward;
+  p.validate();
+  return p;
+}
+
+// "stage" or "stage:variant" for every GPU stage of the registry that `keep` accepts, and each variant
+// of it that `keep_variant` accepts.
+inline std::vector<std::string> stage_variants(const std::function<bool(const Stage&)>& keep,
+                                               const std::function<bool(const std::string&)>& keep_variant) {
+  std::vector<std::string> v;
+  for (const Stage& s : stages()) {
+    if (!s.gpu || !keep(s)) continue;
+    if (s.variants.empty()) v.push_back(s.name);
+    for (const std::string& var : s.variants)
+      if (keep_variant(var)) v.push_back(s.name + ":" + var);
+  }
+  return v;
+}
+
+// The stage and variant of "stage:variant", or the reason to skip ("" when the case can run).
+inline std::string resolve(const std::string& stage_variant, const Problem& p, const Stage*& s, std::string& variant) {
+  if (std::string why = gpu_unavailable_reason(); !why.empty()) return why;
+  const size_t colon = stage_variant.find(':');
+  s = &find_stage(stage_variant.substr(0, colon));
+  variant = colon == std::string::npos ? "" : stage_variant.substr(colon + 1);
+  if (std::string why = s->unsupported(p, variant); !why.empty())
+    return stage_variant + " does not support this case: " + why;
+  return "";
+}
+
+// Every output of the report passes the tolerance rule, and every element was written.
+inline void expect_pass(const CheckReport& r) {
+  for (int k = 0; k < r.n; ++k) {
+    const ErrorStats& e = r.stage[k];
+    EXPECT_TRUE(r.verdict[k].pass) << CheckReport::name(k) << ": max_abs " << e.max_abs << " > tolerance "
+                                   << r.verdict[k].tolerance << " (naive low precision " << r.baseline[k].max_abs
+                                   << "), unwritten " << e.unwritten << ", inf mismatches " << e.mismatched_inf;
+  }
+}
+
+// gtest's name of a "stage:variant" parameter (no ':' allowed).
+inline std::string param_name(std::string n) {
+  std::replace(n.begin(), n.end(), ':', '_');
+  return n;
+}
+
+}  // namespace fa::grid
