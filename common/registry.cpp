@@ -44,6 +44,8 @@ std::string gpu_unavailable_reason() {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     cudaGetLastError();
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice)
+      return std::string("no NVIDIA GPU or driver on this machine (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
     return std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")";
   }
   if (n == 0) return "no CUDA device found";
