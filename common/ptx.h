@@ -12,7 +12,8 @@
 namespace fa::ptx {
 
 // ---- tensor cores -------------------------------------------------------------------------------
-// PTX ISA 9.7.14.5.8 "mma.sync.aligned.m16n8k16" (bf16 / f16 inputs, f32 accumulators).
+// PTX ISA, "Warp-level matrix multiply-accumulate instructions: mma", shape .m16n8k16 (bf16 / f16 inputs,
+// f32 accumulators; the fragment figures for .m16n8k16 give the layouts below).
 // Scalar meaning: D[16x8] = A[16x16] * B[16x8] + C[16x8], computed by the 32 threads of a warp together.
 // Fragments (per thread, lane = 4 * group + t, group = lane / 4, t = lane % 4):
 //   a[4] (4 x 2 halves): A[group][2t..2t+1], A[group+8][2t..], A[group][2t+8..], A[group+8][2t+8..]
@@ -48,7 +49,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 }
 
 // ---- shared memory -> registers -----------------------------------------------------------------
-// PTX ISA 9.7.9.24 "ldmatrix.sync.aligned.m8n8.x4.shared.b16".
+// PTX ISA, "Warp-level matrix load instruction: ldmatrix" (.sync.aligned.m8n8.x4.shared.b16).
 // Scalar meaning: four 8x8 matrices of 16-bit elements are read from shared memory; lanes 8k..8k+7 give
 // the row addresses of matrix k (16 contiguous bytes each); afterwards thread `lane` holds, in r[k],
 // elements (lane / 4, 2 * (lane % 4) .. +1) of matrix k: exactly an mma fragment.
@@ -79,7 +80,7 @@ __device__ __forceinline__ uint32_t swizzle_128b(int row, int chunk) {
 }
 
 // ---- fast exp2 ----------------------------------------------------------------------------------
-// PTX ISA 9.7.4.x "ex2.approx.ftz.f32": 2^x in one MUFU instruction (max rel. error 2^-22); -inf gives 0.
+// PTX ISA, "Floating point instructions: ex2" (.approx.ftz.f32): 2^x in one MUFU instruction; ex2(-inf) = +0.
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -87,7 +88,7 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 
 // ---- mbarrier -----------------------------------------------------------------------------------
-// PTX ISA 9.7.13.15 "mbarrier": a 64-bit shared-memory object that counts arrivals (and, for TMA,
+// PTX ISA, "Parallel synchronization and communication instructions: mbarrier": a 64-bit shared-memory object that counts arrivals (and, for TMA,
 // transaction bytes) of the current phase; when both reach zero the phase completes and its parity flips.
 // Scalar meaning of the wrappers: init sets the expected arrival count; arrive_expect_tx arrives once and
 // adds `bytes` to the bytes the phase waits for; arrive counts one arrival; wait(parity) spins until the
@@ -102,11 +103,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
   }
 }
-// PTX ISA 9.7.13.4 "fence.mbarrier_init": makes the initialised barriers visible to the async proxy (TMA).
+// PTX ISA, "membar / fence" (fence.mbarrier_init.release.cluster): makes the initialised barriers visible to the async proxy (TMA).
 __device__ __forceinline__ void fence_barrier_init() { cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster); }
 
 // ---- TMA: bulk tensor copies ---------------------------------------------------------------------
-// PTX ISA 9.7.9.25.5.1 "cp.async.bulk.tensor" (global -> shared::cluster, tile mode, 3-D).
+// PTX ISA, "Data movement and conversion instructions: cp.async.bulk.tensor" (global -> shared::cluster,
+// tile mode, 3-D, mbarrier::complete_tx::bytes).
 // Scalar meaning: copy the box of the tensor map starting at coordinates {x, y, z} (x innermost) into
 // shared memory at `dst`, zero-filling what lies outside the tensor, then signal `bar` with the bytes.
 __device__ __forceinline__ void tma_load_3d(void* dst, const void* tmap, int x, int y, int z, uint64_t* bar) {
@@ -118,13 +120,13 @@ __device__ __forceinline__ void tma_store_3d(const void* tmap, int x, int y, int
   const int32_t coords[3] = {x, y, z};
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, tmap, coords, src);
 }
-// PTX ISA 9.7.9.25.4 "cp.async.bulk.commit_group / wait_group.read": wait until the stores issued so far
+// PTX ISA, "cp.async.bulk.commit_group" and "cp.async.bulk.wait_group" (.read): wait until the stores issued so far
 // have finished reading shared memory (so it may be reused or the block may exit).
 __device__ __forceinline__ void tma_store_commit_and_wait() {
   cuda::ptx::cp_async_bulk_commit_group();
   cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
 }
-// PTX ISA 9.7.13.9 "fence.proxy.async": orders this thread's ordinary shared-memory writes before later
+// PTX ISA, "membar / fence" (fence.proxy.async.shared::cta): orders this thread's ordinary shared-memory writes before later
 // reads of the same memory by the async proxy (a TMA store).
 __device__ __forceinline__ void fence_async_shared() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
 
