@@ -88,8 +88,9 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 
 // ---- mbarrier -----------------------------------------------------------------------------------
-// PTX ISA, "Parallel synchronization and communication instructions: mbarrier": a 64-bit shared-memory object that counts arrivals (and, for TMA,
-// transaction bytes) of the current phase; when both reach zero the phase completes and its parity flips.
+// PTX ISA, "Parallel synchronization and communication instructions: mbarrier": a 64-bit
+// shared-memory object that counts arrivals (and, for TMA, transaction bytes) of the current phase;
+// when both reach zero the phase completes and its parity flips.
 // Scalar meaning of the wrappers: init sets the expected arrival count; arrive_expect_tx arrives once and
 // adds `bytes` to the bytes the phase waits for; arrive counts one arrival; wait(parity) spins until the
 // phase with that parity has completed.
@@ -103,8 +104,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
   }
 }
-// PTX ISA, "membar / fence" (fence.mbarrier_init.release.cluster): makes the initialised barriers visible to the async proxy (TMA).
-__device__ __forceinline__ void fence_barrier_init() { cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster); }
+// PTX ISA, "membar / fence" (fence.mbarrier_init.release.cluster): makes the initialised barriers
+// visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_barrier_init() {
+  cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+}
 
 // ---- TMA: bulk tensor copies ---------------------------------------------------------------------
 // PTX ISA, "Data movement and conversion instructions: cp.async.bulk.tensor" (global -> shared::cluster,
@@ -120,14 +124,14 @@ __device__ __forceinline__ void tma_store_3d(const void* tmap, int x, int y, int
   const int32_t coords[3] = {x, y, z};
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, tmap, coords, src);
 }
-// PTX ISA, "cp.async.bulk.commit_group" and "cp.async.bulk.wait_group" (.read): wait until the stores issued so far
-// have finished reading shared memory (so it may be reused or the block may exit).
+// PTX ISA, "cp.async.bulk.commit_group" and "cp.async.bulk.wait_group" (.read): wait until the stores
+// issued so far have finished reading shared memory (so it may be reused or the block may exit).
 __device__ __forceinline__ void tma_store_commit_and_wait() {
   cuda::ptx::cp_async_bulk_commit_group();
   cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
 }
-// PTX ISA, "membar / fence" (fence.proxy.async.shared::cta): orders this thread's ordinary shared-memory writes before later
-// reads of the same memory by the async proxy (a TMA store).
+// PTX ISA, "membar / fence" (fence.proxy.async.shared::cta): orders this thread's ordinary
+// shared-memory writes before later reads of the same memory by the async proxy (a TMA store).
 __device__ __forceinline__ void fence_async_shared() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
 
 }  // namespace fa::ptx
