@@ -53,6 +53,8 @@ struct Stage {
     int threads = 0;
   };
   std::function<LaunchShape(const Problem& p, const std::string& variant)> launch_shape;
+  // The tuning variant the default variant runs on this device for p (what the autotuner must beat).
+  std::function<std::string(const Problem& p)> default_config;
   // "" when the stage can run `p`, otherwise the reason (e.g. "head dim 96 is not supported").
   std::function<std::string(const Problem& p, const std::string& variant)> unsupported;
   std::function<std::unique_ptr<Runner>(const Problem& p, const Inputs& in, const std::string& variant)> make;

@@ -128,6 +128,11 @@ Stage stage() {
   s.gpu = true;
   s.variants = {"auto", "sm90", "sm120"};
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});
+  s.default_config = [](const Problem& p) {
+    const bool sm120 = compute_capability_major() >= 12;
+    return p.d == 64 ? (sm120 ? config_name<Configs<__nv_bfloat16, 64>::Sm120>() : config_name<Configs<__nv_bfloat16, 64>::Sm90>())
+                     : (sm120 ? config_name<Configs<__nv_bfloat16, 128>::Sm120>() : config_name<Configs<__nv_bfloat16, 128>::Sm90>());
+  };
   s.launch_shape = [](const Problem& p, const std::string& v) {
     return p.d == 64 ? config_shape(v, Configs<__nv_bfloat16, 64>::All{})
                      : config_shape(v, Configs<__nv_bfloat16, 128>::All{});

@@ -53,6 +53,17 @@ std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev)
          (p.causal ? "causal" : "full") + "|g" + std::to_string(p.group()) + "|N<=" + std::to_string(bucket);
 }
 
+std::string pick(const std::vector<std::pair<std::string, double>>& table, const std::string& default_config,
+                 double margin) {
+  std::string best;
+  double best_tflops = -1, default_tflops = -1;
+  for (const auto& [v, tflops] : table) {
+    if (tflops > best_tflops) best_tflops = tflops, best = v;
+    if (v == default_config) default_tflops = tflops;
+  }
+  return default_tflops > 0 && best_tflops <= default_tflops * (1 + margin) ? default_config : best;
+}
+
 bool autotune_disabled() {
   for (const char* name : {"DISABLE_AUTOTUNE", "FMHA_DISABLE_AUTOTUNE"}) {
     const char* v = std::getenv(name);
@@ -159,9 +170,11 @@ Choice Autotuner::choose(const Stage& s, const Problem& p, bool force) {
     const double tflops = flops / ((bwd ? t.bwd_ms : t.fwd_ms) * 1e-3) / 1e12;
     std::fprintf(stderr, "%8.1f TFLOP/s\n", tflops);
     best.table.emplace_back(v, tflops);
-    if (tflops > best_tflops) best_tflops = tflops, best.variant = v;
   }
-  if (best_tflops > 0) {
+  if (!best.table.empty()) {
+    best.variant = pick(best.table, s.default_config ? s.default_config(p) : "");
+    for (const auto& [v, tflops] : best.table)
+      if (v == best.variant) best_tflops = tflops;
     std::time_t now = std::time(nullptr);
     char date[32];
     std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));

@@ -34,6 +34,13 @@ std::vector<std::string> feasible_variants(const Stage& s, const Problem& p, con
 // "gpu|cc|stage|fwd|dtype|d|causal|group|N<=bucket": the cache key of a problem.
 std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev);
 
+// The winner of a timed table: the fastest configuration, unless the default's own time (if it is in the
+// table) is within `margin` of it, in which case the default stays. Timings of one GPU move by about 2%
+// from run to run (docs/results/step4.md), so a smaller win is noise, not a reason to switch.
+constexpr double kKeepDefaultMargin = 0.03;
+std::string pick(const std::vector<std::pair<std::string, double>>& table, const std::string& default_config,
+                 double margin = kKeepDefaultMargin);
+
 bool autotune_disabled();          // DISABLE_AUTOTUNE or FMHA_DISABLE_AUTOTUNE set to a non-zero value
 std::string default_cache_path();  // $XDG_CACHE_HOME or ~/.cache, /flashattention-step-by-step/autotune.json
 

@@ -62,6 +62,15 @@ TEST(Step6Cache, KeyBucketsSequenceLengthsAndSeparatesFeatures) {
   EXPECT_NE(key(problem(128, 4096)), step6::cache_key(s, problem(128, 4096), kFakeSm120));
 }
 
+TEST(Step6Pick, KeepsTheDefaultUnlessACandidateWinsByMoreThanTheNoise) {
+  const std::vector<std::pair<std::string, double>> table = {{"A", 300.0}, {"B", 306.0}, {"C", 250.0}};
+  EXPECT_EQ(step6::pick(table, "A", 0.03), "A");  // B is 2% faster: within the run-to-run spread
+  EXPECT_EQ(step6::pick(table, "A", 0.01), "B");  // with a tighter margin B wins
+  EXPECT_EQ(step6::pick(table, "C", 0.03), "B");  // B is 22% faster than the default C
+  EXPECT_EQ(step6::pick(table, "", 0.03), "B");   // no default in the table: the fastest
+  EXPECT_EQ(step6::pick(table, "B", 0.03), "B");  // the default is the fastest
+}
+
 TEST(Step6, DisableAutotuneUsesTheDefaultWithoutTiming) {
   for (const char* var : {"DISABLE_AUTOTUNE", "FMHA_DISABLE_AUTOTUNE"}) {
     setenv(var, "1", 1);
@@ -85,13 +94,7 @@ TEST(Step6, CacheRoundTripsAndTimesNothingTheSecondTime) {
   const step6::Choice first = tuner.choose(s, p);
   EXPECT_EQ(first.source, "tuned now");
   EXPECT_EQ(first.table.size(), step6::feasible_variants(s, p, step6::current_device()).size());
-  const double best = std::max_element(first.table.begin(), first.table.end(),
-                                       [](auto& a, auto& b) { return a.second < b.second; })->second;
-  for (const auto& [v, tf] : first.table) {
-    if (v == first.variant) {
-      EXPECT_EQ(tf, best);
-    }
-  }
+  EXPECT_EQ(first.variant, step6::pick(first.table, s.default_config(p)));
   const step6::Choice second = step6::Autotuner(file).choose(s, p);
   EXPECT_EQ(second.source, "cache");
   EXPECT_EQ(second.variant, first.variant);
