@@ -55,6 +55,9 @@ struct Head {
   }
 };
 
+// The view of head (b, h) of a problem: Q, O and LSE of query head h, K and V of its KV head.
+Head head_of(const Problem& p, const Inputs& in, Outputs& out, int64_t b, int64_t h);
+
 // The five algorithms. Each writes hd.o and hd.lse.
 void attention_3pass(const Head& hd);
 void attention_2pass(const Head& hd, int64_t tile);   // tile: keys per K tile

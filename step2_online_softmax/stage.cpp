@@ -11,6 +11,26 @@
 
 namespace fa::step2 {
 
+Head head_of(const Problem& p, const Inputs& in, Outputs& out, int64_t b, int64_t h) {
+  const int64_t kv = (b * p.Hkv + h / p.group()) * p.Nk * p.d, qh = b * p.Hq + h;
+  Head hd;
+  hd.q = in.q.ptr() + qh * p.Nq * p.d;
+  hd.k = in.k.ptr() + kv;
+  hd.v = in.v.ptr() + kv;
+  hd.o = out.o.ptr() + qh * p.Nq * p.d;
+  hd.lse = out.lse.ptr() + qh * p.Nq;
+  hd.Nq = p.Nq;
+  hd.Nk = p.Nk;
+  hd.d = p.d;
+  hd.causal = p.causal;
+  hd.input_pos = p.input_pos;
+  hd.scale = p.scale;
+  hd.drop = make_dropout(p.dropout, p.seed);
+  hd.b = uint32_t(b);
+  hd.h = uint32_t(h);
+  return hd;
+}
+
 Outputs attention(const Problem& p, const Inputs& in, const std::string& variant, const Config& cfg) {
   const Blocks bl = blocks_from_budget(cfg.budget, p.d);
   std::function<void(const Head&)> run;
@@ -24,28 +44,9 @@ Outputs attention(const Problem& p, const Inputs& in, const std::string& variant
   Outputs out;
   out.o = Tensor({p.B, p.Hq, p.Nq, p.d});
   out.lse = Tensor({p.B, p.Hq, p.Nq});
-  const DropoutParams drop = make_dropout(p.dropout, p.seed);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.Hq; ++h) {
-      const int64_t kv = (b * p.Hkv + h / p.group()) * p.Nk * p.d, qh = b * p.Hq + h;
-      Head hd;
-      hd.q = in.q.ptr() + qh * p.Nq * p.d;
-      hd.k = in.k.ptr() + kv;
-      hd.v = in.v.ptr() + kv;
-      hd.o = out.o.ptr() + qh * p.Nq * p.d;
-      hd.lse = out.lse.ptr() + qh * p.Nq;
-      hd.Nq = p.Nq;
-      hd.Nk = p.Nk;
-      hd.d = p.d;
-      hd.causal = p.causal;
-      hd.input_pos = p.input_pos;
-      hd.scale = p.scale;
-      hd.drop = drop;
-      hd.b = uint32_t(b);
-      hd.h = uint32_t(h);
-      run(hd);
-    }
+    for (int64_t h = 0; h < p.Hq; ++h) run(head_of(p, in, out, b, h));
   return out;
 }
 

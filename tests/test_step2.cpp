@@ -23,7 +23,7 @@ constexpr float kInf = INFINITY;
 struct Case {
   Problem p;
   Inputs in;
-  Tensor o, lse;  // [1, 1, Nq, d], [1, 1, Nq]
+  Outputs out;  // o [1, 1, Nq, d], lse [1, 1, Nq]
   Head hd;
 };
 
@@ -42,21 +42,9 @@ Case random_case(uint64_t seed, std::mt19937_64& rng) {
   p.dropout = pick(0, 2) == 0 ? 0.3f : 0.0f;
   p.seed = seed;
   c.in = random_inputs(p);
-  c.o = Tensor({1, 1, p.Nq, p.d}, NAN);
-  c.lse = Tensor({1, 1, p.Nq}, NAN);
-  Head& hd = c.hd;
-  hd.q = c.in.q.ptr();
-  hd.k = c.in.k.ptr();
-  hd.v = c.in.v.ptr();
-  hd.o = c.o.ptr();
-  hd.lse = c.lse.ptr();
-  hd.Nq = p.Nq;
-  hd.Nk = p.Nk;
-  hd.d = p.d;
-  hd.causal = p.causal;
-  hd.input_pos = p.input_pos;
-  hd.scale = p.scale;
-  hd.drop = make_dropout(p.dropout, p.seed);
+  c.out.o = Tensor({1, 1, p.Nq, p.d}, NAN);
+  c.out.lse = Tensor({1, 1, p.Nq}, NAN);
+  c.hd = step2::head_of(p, c.in, c.out, 0, 0);
   return c;
 }
 
@@ -77,13 +65,13 @@ void expect_matches_step1(const Case& c, const std::string& what) {
   const double tol = 2e-6 * std::max(1.0, double(c.p.scale) * 3 * c.p.d);
   for (int64_t i = 0; i < c.p.Nq; ++i) {
     if (std::isinf(ref.lse.data[i])) {
-      ASSERT_EQ(c.lse.data[i], -kInf) << what << " row " << i;
-      for (int64_t k = 0; k < c.p.d; ++k) ASSERT_EQ(c.o.data[i * c.p.d + k], 0.0f) << what << " row " << i;
+      ASSERT_EQ(c.out.lse.data[i], -kInf) << what << " row " << i;
+      for (int64_t k = 0; k < c.p.d; ++k) ASSERT_EQ(c.out.o.data[i * c.p.d + k], 0.0f) << what << " row " << i;
       continue;
     }
-    ASSERT_NEAR(c.lse.data[i], ref.lse.data[i], tol * std::max(1.0, std::fabs(ref.lse.data[i]))) << what << " row " << i;
+    ASSERT_NEAR(c.out.lse.data[i], ref.lse.data[i], tol * std::max(1.0, std::fabs(ref.lse.data[i]))) << what << " row " << i;
     for (int64_t k = 0; k < c.p.d; ++k)
-      ASSERT_NEAR(c.o.data[i * c.p.d + k], ref.o.data[i * c.p.d + k], tol) << what << " row " << i << " col " << k;
+      ASSERT_NEAR(c.out.o.data[i * c.p.d + k], ref.o.data[i * c.p.d + k], tol) << what << " row " << i << " col " << k;
   }
 }
 
@@ -105,13 +93,13 @@ TEST(Step2Property, TwoPassEqualsThreePass) {
     Case c = random_case(seed, rng);
     step2::attention_3pass(c.hd);
     expect_matches_step1(c, "3pass seed " + std::to_string(seed));
-    const Tensor o3 = c.o, lse3 = c.lse;
+    const Tensor o3 = c.out.o, lse3 = c.out.lse;
     const int64_t tile = random_tile(rng, c.p.Nk);
     step2::attention_2pass(c.hd, tile);
-    for (size_t k = 0; k < o3.size(); ++k) ASSERT_NEAR(c.o.data[k], o3.data[k], 1e-5) << "seed " << seed << " tile " << tile;
+    for (size_t k = 0; k < o3.size(); ++k) ASSERT_NEAR(c.out.o.data[k], o3.data[k], 1e-5) << "seed " << seed << " tile " << tile;
     for (size_t k = 0; k < lse3.size(); ++k) {
-      if (std::isinf(lse3.data[k])) ASSERT_EQ(c.lse.data[k], lse3.data[k]);
-      else ASSERT_NEAR(c.lse.data[k], lse3.data[k], 1e-5 * std::max(1.0f, std::fabs(lse3.data[k])));
+      if (std::isinf(lse3.data[k])) ASSERT_EQ(c.out.lse.data[k], lse3.data[k]);
+      else ASSERT_NEAR(c.out.lse.data[k], lse3.data[k], 1e-5 * std::max(1.0f, std::fabs(lse3.data[k])));
     }
   }
 }
@@ -194,10 +182,10 @@ TEST(Step2, HugeLogitsAndMaskedRowsGiveNoNanAndMatchStep1) {
   c.in.k.data = {100, -100, 97, 100, -3, 50, -100};
   c.in.v = Tensor({1, 1, 7, 1});
   c.in.v.data = {1, -2, 3, -4, 5, -6, 7};
-  c.o = Tensor({1, 1, 4, 1});
-  c.lse = Tensor({1, 1, 4});
+  c.out.o = Tensor({1, 1, 4, 1});
+  c.out.lse = Tensor({1, 1, 4});
   Head& hd = c.hd;
-  hd.q = c.in.q.ptr(), hd.k = c.in.k.ptr(), hd.v = c.in.v.ptr(), hd.o = c.o.ptr(), hd.lse = c.lse.ptr();
+  hd.q = c.in.q.ptr(), hd.k = c.in.k.ptr(), hd.v = c.in.v.ptr(), hd.o = c.out.o.ptr(), hd.lse = c.out.lse.ptr();
   hd.Nq = 4, hd.Nk = 7, hd.d = 1, hd.causal = true, hd.input_pos = -1, hd.scale = 1.0f, hd.drop = {};
   const std::vector<std::pair<std::string, std::function<void()>>> runs = {
       {"3pass", [&] { step2::attention_3pass(c.hd); }},
@@ -207,12 +195,12 @@ TEST(Step2, HugeLogitsAndMaskedRowsGiveNoNanAndMatchStep1) {
       {"fa2", [&] { step2::attention_fa2(c.hd, {3, 2}); }},
       {"split-KV", [&] { step2::attention_split_kv(c.hd, 3, 2); }}};
   for (const auto& [name, run] : runs) {
-    std::fill(c.o.data.begin(), c.o.data.end(), NAN);
+    std::fill(c.out.o.data.begin(), c.out.o.data.end(), NAN);
     run();
-    for (float x : c.o.data) ASSERT_TRUE(std::isfinite(x)) << name;
-    ASSERT_EQ(c.lse.data[0], -kInf) << name << ": the fully masked row";
-    ASSERT_EQ(c.o.data[0], 0.0f) << name << ": the fully masked row";
-    for (int i = 1; i < 4; ++i) ASSERT_TRUE(std::isfinite(c.lse.data[i]) && std::fabs(c.lse.data[i]) > 9000) << name;
+    for (float x : c.out.o.data) ASSERT_TRUE(std::isfinite(x)) << name;
+    ASSERT_EQ(c.out.lse.data[0], -kInf) << name << ": the fully masked row";
+    ASSERT_EQ(c.out.o.data[0], 0.0f) << name << ": the fully masked row";
+    for (int i = 1; i < 4; ++i) ASSERT_TRUE(std::isfinite(c.out.lse.data[i]) && std::fabs(c.out.lse.data[i]) > 9000) << name;
     expect_matches_step1(c, name);
   }
 }
