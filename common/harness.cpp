@@ -221,7 +221,14 @@ int stage_main(const std::string& stage_name, int argc, char** argv) {
     CLI::App app{s.name + ": " + s.title};
     CommonOptions o;
     add_common_options(app, o);
+    bool list = false;
+    app.add_flag("--list-variants", list, "print the variants (the first is the default) and the tuning configs");
     CLI11_PARSE(app, argc, argv);
+    if (list) {
+      for (const std::string& v : s.variants) std::printf("%s\n", v.c_str());
+      for (const std::string& v : s.tuning_variants) std::printf("%s\n", v.c_str());
+      return 0;
+    }
     return run_stage(s, o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", stage_name.c_str(), e.what());

@@ -24,6 +24,7 @@ struct BwdParams {
   const void* dout;  // dO [B, Hq, Nq, d]
   float* dsum;       // D = rowsum(dO * O) [B, Hq, Nq], written by the preprocess kernel
   void* dq;          // [B, Hq, Nq, d]
+  float* dq_accum;   // atomic variant only: dQ / scale in fp32 [B, Hq, Nq, d], zeroed before the dK/dV kernel
   void* dk;          // [B, Hkv, Nk, d]
   void* dv;          // [B, Hkv, Nk, d]
 };
@@ -85,6 +86,13 @@ __device__ __forceinline__ void dropout_z2(const DropoutParams& dp, int b, int h
   const bool odd = j & 2;
   z0 = (odd ? w.v[2] : w.v[0]) >= dp.threshold ? dp.keep_scale : 0.0f;
   z1 = (odd ? w.v[3] : w.v[1]) >= dp.threshold ? dp.keep_scale : 0.0f;
+}
+
+// True when some element of the tile [q0, q0 + rows) x [k0, k0 + cols) is masked: a query past Nq, a key
+// past Nk, or (causal) a key above the diagonal. Only such tiles pay for the per-element mask, as in
+// step 4; in every other tile each row sees a key, so its LSE is finite.
+__device__ __forceinline__ bool tile_needs_mask(const AttnParams& p, int q0, int rows, int k0, int cols) {
+  return q0 + rows > p.Nq || k0 + cols > p.Nk || (p.causal && int64_t(k0) + cols - 1 > p.input_pos + q0);
 }
 
 // Stores a warp's [16, D] fp32 accumulator tile (rows row0 + g, row0 + g + 8; columns 8nd + 2t, +1),

@@ -12,6 +12,8 @@
 //   dP^T = (V dO^T) o Z^T                     [Bc, Bq]
 //   dS^T_ji = P^T_ji (dP^T_ji - D_i)
 //   dK += dS^T Q                              [Bc, d], times scale at the end
+// and, in the atomic variant (Tr::kAtomicDq, Algorithm 2's last line), the block's share of dQ:
+//   dQ_i += dS K                              [Bq, d], added into fp32 with atomics (scale applied later)
 // Per warp every product has the forward's shape: 16 keys play the part of step 4's 16 query rows.
 // Limits: d = 64 or 128, bf16/fp16; K and V are re-read from shared memory at every step (their A
 // fragments would cost 32 to 64 more registers); dK/dV stored straight from registers.
@@ -19,10 +21,60 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "common/problem.h"
 #include "device.cuh"
 
 namespace fa::step5 {
+
+// Atomic variant: stores a warp's A fragment of dS^T (rows row0 .. row0+15 = keys, k = queries
+// col0 .. col0+15) into the padded [Bc, Pitch] tile `ds` as four 32-bit words per thread (ptx.h's order).
+template <int Pitch, typename T>
+__device__ __forceinline__ void store_a(T* ds, const uint32_t (&a)[4], int row0, int col0) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+    *reinterpret_cast<uint32_t*>(ds + (row0 + g + 8 * (m % 2)) * Pitch + col0 + 2 * t + 8 * (m / 2)) = a[m];
+}
+
+// Atomic variant: dQ_i += dS K for the Bq queries of one iteration, over all Bc keys of the block.
+// dS = (dS^T)^T comes out of ds (stored [Bc keys, Bq queries]) through ldmatrix.trans, K out of its
+// swizzled tile as in the dQ kernel. Warp w computes query m16-tile w % (Bq / 16) and the kDqCols columns
+// of chunk w / (Bq / 16), then adds them into dq_acc ([Bq, D] fp32 rows of one head, starting at query
+// q0) with 8-byte atomics: blocks of other key tiles add into the same rows in any order.
+template <class Tr>
+__device__ __forceinline__ void add_dq(float* dq_acc, const typename Tr::T* ds, uint32_t k_base, int q0, int Nq) {
+  using T = typename Tr::T;
+  constexpr int kCols = Tr::kDqCols, kMTiles = Tr::Bq / 16;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int mt = warp % kMTiles, col0 = (warp / kMTiles) * kCols;
+  const uint32_t ds_base = ptx::smem_u32(ds);
+  float acc[kCols / 8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < Tr::Bc / 16; ++kk) {
+    // Matrix m = lane / 8 of the A fragment: keys 16kk + 8 (m / 2), queries 16mt + 8 (m % 2), transposed.
+    uint32_t a[4];
+    const int key = 16 * kk + (lane & 7) + 8 * (lane >> 4), query = 16 * mt + 8 * ((lane >> 3) & 1);
+    ptx::ldmatrix_x4_trans(a, ds_base + uint32_t(key * Tr::kDsPitch + query) * sizeof(T));
+#pragma unroll
+    for (int np = 0; np < kCols / 16; ++np) {
+      uint32_t b4[4];
+      load_b_trans<Tr::Bc>(b4, k_base, kk, col0 + np * 16);
+      ptx::mma_16816<T>(acc[2 * np], a, {b4[0], b4[1]});
+      ptx::mma_16816<T>(acc[2 * np + 1], a, {b4[2], b4[3]});
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = 16 * mt + g + 8 * r;
+    if (q0 + row >= Nq) continue;  // zero-filled rows past the end of Q: nothing to add, nowhere to add it
+#pragma unroll
+    for (int nd = 0; nd < kCols / 8; ++nd)
+      atomicAdd(reinterpret_cast<float2*>(dq_acc + row * Tr::D + col0 + 8 * nd + 2 * t),
+                make_float2(acc[nd][2 * r], acc[nd][2 * r + 1]));
+  }
+}
 
 // grid = ceil(Nk / Bc) * Hkv * B, block = 32 * Warps threads, dynamic shared memory Tr::kSmemBytes.
 template <class Tr, bool kDropout>
@@ -36,14 +88,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr uint32_t kQBytes = Tr::kQBytes, kKVBytes = Tr::kKVBytes;
   const AttnParams& p = bp.a;
 
-  // ---- shared memory: [K | V | Q stages | dO stages | barriers], panels 1024-byte aligned -------------
+  // ---- shared memory: [K | V | Q stages | dO stages | dS x 2 | barriers], panels 1024-byte aligned ------
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   T* sK = reinterpret_cast<T*>(smem);                                         // [kPanels][Bc, 64]
   T* sV = reinterpret_cast<T*>(smem + kKVBytes);                              // [kPanels][Bc, 64]
   T* sQ = reinterpret_cast<T*>(smem + 2 * kKVBytes);                          // [kStages][kPanels][Bq, 64]
   T* sdO = reinterpret_cast<T*>(smem + 2 * kKVBytes + kStages * kQBytes);     // [kStages][kPanels][Bq, 64]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + 2 * kKVBytes + 2 * kStages * kQBytes);
+  T* sdS = reinterpret_cast<T*>(smem + 2 * kKVBytes + 2 * kStages * kQBytes);   // [2][Bc, kDsPitch] (atomic)
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + 2 * kKVBytes + 2 * kStages * kQBytes + Tr::kDsBytes);
   uint64_t* kv_full = bars;              // K and V tiles landed
   uint64_t* full = bars + 1;             // [kStages] Q and dO tiles landed
   uint64_t* empty = bars + 1 + kStages;  // [kStages] every warp is done reading them
@@ -123,6 +176,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const uint32_t q_base = ptx::smem_u32(sQ + stage * kPanels * Bq * 64);
     const uint32_t do_base = ptx::smem_u32(sdO + stage * kPanels * Bq * 64);
 
+    // LSE (log2 units) and D of this thread's query columns q0 + 8nt + 2t + c, loaded first so that their
+    // latency hides behind the products below.
+    float lse2[kQTiles][2], d_i[kQTiles][2];
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int i = q0 + nt * 8 + 2 * t + c;
+        lse2[nt][c] = i < p.Nq ? p.lse[row_off + i] * kLog2e : 0.0f;
+        d_i[nt][c] = i < p.Nq ? bp.dsum[row_off + i] : 0.0f;
+      }
+
     // S^T = K Q^T and dPd^T = V dO^T: [16 keys, Bq queries] per warp. A = this warp's 16 rows of K (V),
     // B = Q (dO) rows with k = head dim: step 4's Q K^T with keys and queries swapped.
     float s[kQTiles][4] = {}, dp[kQTiles][4] = {};
@@ -147,33 +212,36 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // Element-wise, on the C fragments: s[nt][e] is key key_g + 8 (e / 2), query q0 + 8nt + 2t + e % 2.
     // s becomes Pd^T = P^T Z^T and dp becomes dS^T = P^T (dPd^T Z^T - D). Masked entries (causal, beyond
-    // Nq or Nk, rows that see no key with LSE = -inf) are selected to 0, never computed into a NaN.
+    // Nq or Nk, rows that see no key with LSE = -inf) are selected to 0, never computed into a NaN; only
+    // tiles that cross an edge or the diagonal pay for that test (kMasked).
+    auto elementwise = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-    for (int nt = 0; nt < kQTiles; ++nt)
+      for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int i = q0 + nt * 8 + 2 * t + c;
-        const bool in_q = i < p.Nq;
-        const float lse2 = in_q ? p.lse[row_off + i] * kLog2e : 0.0f;  // LSE in log2 units
-        const float d_i = in_q ? bp.dsum[row_off + i] : 0.0f;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int j = key_g + 8 * r, e = 2 * r + c;
-          const bool vis = in_q && j < p.Nk && sees(p.causal, p.input_pos, i, j);
-          const float pr = vis ? ptx::exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2)) : 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          const int i = q0 + nt * 8 + 2 * t + e % 2, j = key_g + 8 * (e / 2);
+          const bool vis = !kMasked || (i < p.Nq && j < p.Nk && sees(p.causal, p.input_pos, i, j));
+          const float pr = vis ? ptx::exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[nt][e % 2])) : 0.0f;
           const float z = kDropout ? dropout_z(p.dropout, b, h, i, j) : 1.0f;
           s[nt][e] = pr * z;
-          dp[nt][e] = pr * (dp[nt][e] * z - d_i);
+          dp[nt][e] = pr * (dp[nt][e] * z - d_i[nt][e % 2]);
         }
-      }
+    };
+    if (tile_needs_mask(p, q0, Bq, k0, Bc))
+      elementwise(std::true_type{});
+    else
+      elementwise(std::false_type{});
 
     // dV += Pd^T dO and dK += dS^T Q: A = the accumulators repacked (k = query), B = dO (Q) rows with
-    // k = query, read with ldmatrix.trans: step 4's O += P V.
+    // k = query, read with ldmatrix.trans: step 4's O += P V. The atomic variant also parks dS^T in sdS.
+    T* ds_buf = sdS + (it & 1) * Bc * Tr::kDsPitch;
 #pragma unroll
     for (int kk = 0; kk < Bq / 16; ++kk) {
       uint32_t pa[4], dsa[4];
       acc_to_a<T>(pa, s, kk);
       acc_to_a<T>(dsa, dp, kk);
+      if constexpr (Tr::kAtomicDq) store_a<Tr::kDsPitch>(ds_buf, dsa, 16 * warp, 16 * kk);
 #pragma unroll
       for (int np = 0; np < kDTiles / 2; ++np) {
         uint32_t b4[4];
@@ -187,6 +255,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     __syncwarp();  // every lane's ldmatrix reads of the slot are done ...
     if (lane == 0) ptx::mbar_arrive(&empty[stage]);  // ... before the warp releases it to the producer
+
+    if constexpr (Tr::kAtomicDq) {
+      // Every warp's dS^T rows are in ds_buf before any warp reads the others' keys. One barrier per
+      // iteration is enough because the buffers alternate: ds_buf is written again at iteration it + 2,
+      // after the barrier of it + 1, which no warp passes before it has finished reading it here.
+      __syncthreads();
+      add_dq<Tr>(bp.dq_accum + (row_off + q0) * D, ds_buf, k_base, q0, p.Nq);
+    }
   }
 
   // ---- epilogue: every key row of the tile written once (zeros if no query sees it) ---------------------

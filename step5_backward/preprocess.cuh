@@ -1,5 +1,6 @@
-// FlashAttention, step by step — step 5: the preprocess kernel, D = rowsum(dO * O)
-// (step5_backward/preprocess.cuh)
+// FlashAttention, step by step — step 5: the two small kernels around the main ones
+// (step5_backward/preprocess.cuh): D = rowsum(dO * O) before them, and the atomic variant's dQ conversion
+// after them.
 //
 // FlashAttention-2, Algorithm 2: D_i = rowsum(dO_i o O_i), one fp32 number per query row. It
 // stands for rowsum(P_i o dP_i) (README.md derives why), the term every dS = P o (dP - D) needs; computing
@@ -9,6 +10,7 @@
 #include <cstdint>
 
 #include "common/gpu_types.h"
+#include "common/ptx.h"
 
 namespace fa::step5 {
 
@@ -26,6 +28,19 @@ __global__ void __launch_bounds__(32 * kPreprocessWarps)
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) dsum[row] = acc;
+}
+
+constexpr int kConvertThreads = 256;
+
+// Atomic variant, after the dK/dV kernel: dQ = scale * dQacc, rounded to T. Shapes: dQacc fp32 and dQ
+// [B, Hq, Nq, d], `elems` elements (even: d is); each thread converts one pair.
+template <typename T>
+__global__ void __launch_bounds__(kConvertThreads)
+    convert_dq_kernel(const float* __restrict__ acc, T* __restrict__ dq, int64_t elems, float scale) {
+  const int64_t pair = int64_t(blockIdx.x) * kConvertThreads + threadIdx.x;
+  if (2 * pair >= elems) return;
+  const float2 v = reinterpret_cast<const float2*>(acc)[pair];
+  reinterpret_cast<uint32_t*>(dq)[pair] = ptx::pack2<T>(v.x * scale, v.y * scale);
 }
 
 }  // namespace fa::step5

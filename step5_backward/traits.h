@@ -4,7 +4,9 @@
 // Two kernels, two tile shapes (README.md, "the two-kernel split"):
 //   DkDvTraits  one block owns Bc = 16 x Warps keys of one KV head (each warp 16 keys: the m16 of the
 //               transposed products S^T = K Q^T and dP^T = V dO^T); Q and dO stream past in tiles of
-//               Bq query rows through a ring of Stages shared-memory slots.
+//               Bq query rows through a ring of Stages shared-memory slots. With AtomicDq (the "atomic"
+//               variant, FlashAttention 2's single kernel) it also adds dS K into an fp32 dQ through a
+//               double-buffered dS tile in shared memory.
 //   DqTraits    one block owns Br = 16 x Warps query rows of one query head (each warp 16 rows, Q and dO
 //               in registers, as Q in step 4); K and V stream past in tiles of Bc keys.
 // Every tile is stored as D / 64 panels of [rows, 64] 16-bit elements with the 128-byte swizzle (TMA
@@ -18,10 +20,11 @@ namespace fa::step5 {
 // Shared memory one block may use on sm_120 (RTX 50-series): 99 KB with the opt-in attribute.
 constexpr size_t kSm120SmemBytes = 99 * 1024;
 
-template <typename T_, int D_, int Warps_, int Bq_, int Stages_>
+template <typename T_, int D_, int Warps_, int Bq_, int Stages_, bool AtomicDq_ = false>
 struct DkDvTraits {
   using T = T_;
   static constexpr int D = D_, kWarps = Warps_, Bc = 16 * Warps_, Bq = Bq_, kStages = Stages_;
+  static constexpr bool kAtomicDq = AtomicDq_;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPanels = D / 64;
 
@@ -37,8 +40,19 @@ struct DkDvTraits {
   static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
   static constexpr size_t kQBytes = size_t(Bq) * D * sizeof(T);   // one Q (or dO) tile of the ring
   static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages);  // kv_full, full[stages], empty[stages]
+
+  // Atomic dQ: dS^T [Bc keys, Bq queries] 16-bit, two buffers (one barrier per iteration, see dkdv.cuh).
+  // Rows are padded by 8 elements (16 bytes): the 32-bit stores of a C fragment and the 8 rows of an
+  // ldmatrix.trans then fall in 8 different 16-byte bank groups.
+  static constexpr int kDsPitch = Bq + 8;
+  static constexpr size_t kDsBytes = kAtomicDq ? 2 * size_t(Bc) * kDsPitch * sizeof(T) : 0;
+  // dQ_i += dS K is [Bq, D] per iteration: warp w takes query m16-tile w % (Bq / 16) and kDqCols columns.
+  static constexpr int kDqCols = D * (Bq / 16) / kWarps;
+  static_assert(!kAtomicDq || (kWarps % (Bq / 16) == 0 && kDqCols % 16 == 0),
+                "the [Bq, D] dQ tile must split over the warps into m16 x (multiple of 16) column blocks");
+
   // 1024 bytes of slack align the dynamic shared base (16-byte aligned) to the panels' 1024 bytes.
-  static constexpr size_t kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + kBarrierBytes;
+  static constexpr size_t kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + kDsBytes + kBarrierBytes;
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
   static constexpr bool kFitsSm120 = kSmemBytes <= kSm120SmemBytes;
 };

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "common/cuda_util.h"
@@ -33,8 +34,14 @@ std::vector<std::string> feasible_variants(const Stage& s, const Problem& p, con
                                            std::vector<std::string>* rejected) {
   std::vector<std::string> ok;
   for (const std::string& v : s.tuning_variants) {
-    const Stage::LaunchShape shape = s.launch_shape(p, v);
+    Stage::LaunchShape shape;
     std::string why;
+    try {
+      shape = s.launch_shape(p, v);
+    } catch (const std::invalid_argument& e) {  // a configuration built for other head dims only
+      if (rejected) rejected->push_back(v + ": " + e.what());
+      continue;
+    }
     if (shape.smem_bytes > dev.smem_optin)
       why = std::to_string(shape.smem_bytes) + " bytes of shared memory > the device's " + std::to_string(dev.smem_optin);
     else if (shape.threads > dev.max_threads)

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <sstream>
@@ -94,8 +95,8 @@ inline void expect_pass(const CheckReport& r) {
 }
 
 // gtest's name of a "stage:variant" parameter (no ':' allowed).
-inline std::string param_name(std::string n) {
-  std::replace(n.begin(), n.end(), ':', '_');
+inline std::string param_name(std::string n) {  // gtest names: letters, digits and '_' only
+  std::replace_if(n.begin(), n.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
   return n;
 }
 

@@ -100,7 +100,7 @@ TEST_P(GpuBackwardDeterminism, TwoRunsSameBits) {
 
 // Variants named "atomic" (FlashAttention 2's atomic dQ, summed in a varying order) are left out.
 INSTANTIATE_TEST_SUITE_P(Stages, GpuBackwardDeterminism,
-                         ::testing::ValuesIn(stage_variants(has_backward, [](const std::string& v) { return v != "atomic"; })),
+                         ::testing::ValuesIn(stage_variants(has_backward, [](const std::string& v) { return v.rfind("atomic", 0) != 0; })),
                          [](const ::testing::TestParamInfo<std::string>& info) { return param_name(info.param); });
 
 }  // namespace
