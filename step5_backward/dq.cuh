@@ -14,6 +14,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "common/problem.h"
 #include "device.cuh"
 
@@ -144,22 +146,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     refill(n);  // after this warp's first products: the other warps are likely done with n - 1
 
     // Element-wise, on the C fragments: s[nt][e] is row row_g + 8 (e / 2), key n Bc + 8nt + 2t + e % 2.
-    // s becomes dS = P (dPd Z - D); masked entries are selected to 0, never computed into a NaN.
+    // s becomes dS = P (dPd Z - D); masked entries are selected to 0, never computed into a NaN. Only
+    // tiles that cross an edge or the diagonal pay for that test (kMasked), as in the dK/dV kernel.
+    auto elementwise = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt)
+      for (int nt = 0; nt < kSTiles; ++nt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = row_g + 8 * r, j0 = n * Bc + nt * 8 + 2 * t;
-        float z[2] = {1.0f, 1.0f};
-        if constexpr (kDropout) dropout_z2(p.dropout, b, h, i, j0, z[0], z[1]);
+        for (int r = 0; r < 2; ++r) {
+          const int i = row_g + 8 * r, j0 = n * Bc + nt * 8 + 2 * t;
+          float z[2] = {1.0f, 1.0f};
+          if constexpr (kDropout) dropout_z2(p.dropout, b, h, i, j0, z[0], z[1]);
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int e = 2 * r + c, j = j0 + c;
-          const bool vis = i < p.Nq && j < p.Nk && sees(p.causal, p.input_pos, i, j);
-          const float pr = vis ? ptx::exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[r])) : 0.0f;
-          s[nt][e] = pr * (dp[nt][e] * z[c] - d_i[r]);
+          for (int c = 0; c < 2; ++c) {
+            const int e = 2 * r + c, j = j0 + c;
+            const bool vis = !kMasked || (i < p.Nq && j < p.Nk && sees(p.causal, p.input_pos, i, j));
+            const float pr = vis ? ptx::exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[r])) : 0.0f;
+            s[nt][e] = pr * (dp[nt][e] * z[c] - d_i[r]);
+          }
         }
-      }
+    };
+    if (tile_needs_mask(p, m0, Br, n * Bc, Bc))
+      elementwise(std::true_type{});
+    else
+      elementwise(std::false_type{});
 
     // dQ += dS K: A = dS repacked (k = key), B = K rows with k = key, read with ldmatrix.trans.
 #pragma unroll

@@ -57,6 +57,8 @@ struct Configs {
   //                          T  D  Warps Bq   Stages         T  D  Warps Bc   Stages
   using Det4 = BwdConfig<DkDvTraits<T, D, 4, kBq, 2>, DqTraits<T, D, 4, kBq, 2>>;
   using Det8 = BwdConfig<DkDvTraits<T, D, 8, kBq, 2>, DqTraits<T, D, 4, kBq, 2>>;
+  using Det8Q8 = BwdConfig<DkDvTraits<T, D, 8, kBq, 2>, DqTraits<T, D, 8, kBq, 2>>;
+  using Det8S3 = BwdConfig<DkDvTraits<T, D, 8, kBq, 3>, DqTraits<T, D, 4, kBq, 3>>;
   // Atomic: 8 warps x 16 keys, as FlashAttention 2 (Bc = 128 halves the dQ atomics of Bc = 64).
   //                          T  D  Warps Bq         Stages AtomicDq
   using Atomic = BwdConfig<DkDvTraits<T, D, 8, kBq, 2, true>>;
@@ -69,7 +71,7 @@ struct Configs {
   static_assert(Deterministic::kSmemBytes <= kSm120SmemBytes && AtomicSm120::kSmemBytes <= kSm120SmemBytes,
                 "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
   // Every configuration --variant can name (step 6 sweeps them).
-  using All = ConfigList<Det4, Det8, Atomic, AtomicHalf, Atomic4>;
+  using All = ConfigList<Det4, Det8, Det8Q8, Det8S3, Atomic, AtomicHalf, Atomic4>;
 };
 
 template <class Cfg>
