@@ -14,79 +14,33 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backward.h"
 #include "common/dtype.h"
 #include "common/gpu_types.h"
-#include "common/tma.h"
-#include "dkdv.cuh"
-#include "dq.cuh"
-#include "preprocess.cuh"
+#include "configs.h"
+#include "device.cuh"
 #include "step4_fused_pipelined/fused.h"
-#include "traits.h"
 
 namespace fa::step5 {
 
-namespace {
-
-// One backward configuration: the dK/dV kernel's tiles and, for the deterministic variant, the dQ
-// kernel's (void for the atomic variant, whose dK/dV kernel also produces dQ).
-template <class KV, class QD = void>
-struct BwdConfig {
-  using DkDv = KV;
-  using Dq = QD;
-  static constexpr bool kAtomic = KV::kAtomicDq;
-  static_assert(kAtomic == std::is_void_v<QD>, "the atomic variant has no dQ kernel; the deterministic one needs one");
-  static constexpr size_t smem_bytes() {
-    if constexpr (kAtomic) return KV::kSmemBytes;
-    else return std::max(KV::kSmemBytes, QD::kSmemBytes);
-  }
-  static constexpr size_t kSmemBytes = smem_bytes();  // the larger of its kernels'
-};
-
-template <class... Cfg>
-struct ConfigList {};
-
-template <typename T, int D>
-struct Configs {
-  // Deterministic. d = 128 takes half-height Q/dO tiles (Bq = 32) in the dK/dV kernel and half-width K/V
-  // tiles in the dQ kernel, so that dK and dV (128 fp32 registers per thread) or Q, dO and dQ leave room
-  // for S and dP. 8 warps own 128 keys: K and V of a block are read from L2 half as often as with 4.
-  static constexpr int kBq = D == 64 ? 64 : 32;
-  //                          T  D  Warps Bq   Stages         T  D  Warps Bc   Stages
-  using Det4 = BwdConfig<DkDvTraits<T, D, 4, kBq, 2>, DqTraits<T, D, 4, kBq, 2>>;
-  using Det8 = BwdConfig<DkDvTraits<T, D, 8, kBq, 2>, DqTraits<T, D, 4, kBq, 2>>;
-  using Det8Q8 = BwdConfig<DkDvTraits<T, D, 8, kBq, 2>, DqTraits<T, D, 8, kBq, 2>>;
-  using Det8S3 = BwdConfig<DkDvTraits<T, D, 8, kBq, 3>, DqTraits<T, D, 4, kBq, 3>>;
-  // Atomic: 8 warps x 16 keys, as FlashAttention 2 (Bc = 128 halves the dQ atomics of Bc = 64).
-  //                          T  D  Warps Bq         Stages AtomicDq
-  using Atomic = BwdConfig<DkDvTraits<T, D, 8, kBq, 2, true>>;
-  using AtomicHalf = BwdConfig<DkDvTraits<T, D, 8, kBq / 2, 2, true>>;
-  using Atomic4 = BwdConfig<DkDvTraits<T, D, 4, kBq, 2, true>>;
-
-  using Deterministic = Det8;
-  using AtomicSm90 = Atomic;
-  using AtomicSm120 = std::conditional_t<Atomic::kSmemBytes <= kSm120SmemBytes, Atomic, AtomicHalf>;
-  static_assert(Deterministic::kSmemBytes <= kSm120SmemBytes && AtomicSm120::kSmemBytes <= kSm120SmemBytes,
-                "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
-  // Every configuration --variant can name (step 6 sweeps them).
-  using All = ConfigList<Det4, Det8, Det8Q8, Det8S3, Atomic, AtomicHalf, Atomic4>;
-};
-
+// Set-up of configuration Cfg (prepare.cuh); instances_*.cu compile one per dtype and head dim.
 template <class Cfg>
-std::string config_name() {
-  using KV = typename Cfg::DkDv;
-  std::string name = "kv" + std::to_string(KV::Bc) + "x" + std::to_string(KV::Bq) + "-S" + std::to_string(KV::kStages);
-  if constexpr (Cfg::kAtomic) return name + "-atomic";
-  else
-    return name + "-q" + std::to_string(Cfg::Dq::Br) + "x" + std::to_string(Cfg::Dq::Bc) + "-S" +
-           std::to_string(Cfg::Dq::kStages);
+std::function<void()> prepare(const Problem& p, const BwdParams& bp);
+
+std::string with_forward(const std::string& variant, const std::string& forward) {
+  return variant + "/fwd=" + forward;
 }
 
-template <class... Cfg>
-std::vector<std::string> config_names(ConfigList<Cfg...>) {
-  return {config_name<Cfg>()...};
+namespace {
+
+// "<variant>/fwd=<forward>" -> {variant, forward}; a plain variant runs step 4's default forward.
+std::pair<std::string, std::string> split_variant(const std::string& v) {
+  const size_t at = v.find("/fwd=");
+  return at == std::string::npos ? std::make_pair(v, std::string("auto"))
+                                 : std::make_pair(v.substr(0, at), v.substr(at + 5));
 }
 
 int compute_capability_major() {
@@ -107,79 +61,6 @@ std::string resolve_config(const std::string& variant) {
   return variant;
 }
 
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  int dev = 0, optin = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (size_t(optin) < bytes)
-    throw std::runtime_error("a backward kernel needs " + std::to_string(bytes) +
-                             " bytes of shared memory per block; the device allows " + std::to_string(optin));
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
-unsigned grid_size(int64_t blocks) {
-  if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
-  return unsigned(blocks);
-}
-
-// Set-up, outside any timed region: tensor maps (one per operand and box height), shared-memory opt-ins,
-// and the closure that launches the kernels.
-template <class Cfg>
-std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
-  using KV = typename Cfg::DkDv;
-  using T = typename KV::T;
-  constexpr int D = KV::D;
-  const AttnParams& a = bp.a;
-  const int64_t BHq = p.B * p.Hq, BHkv = p.B * p.Hkv;
-  // dK/dV kernel: Q and dO in boxes of Bq rows, K and V in boxes of Bc rows.
-  const CUtensorMap kv_q = make_tensor_map_bhnd(a.q, p.dtype, BHq, p.Nq, D, KV::Bq);
-  const CUtensorMap kv_do = make_tensor_map_bhnd(bp.dout, p.dtype, BHq, p.Nq, D, KV::Bq);
-  const CUtensorMap kv_k = make_tensor_map_bhnd(a.k, p.dtype, BHkv, p.Nk, D, KV::Bc);
-  const CUtensorMap kv_v = make_tensor_map_bhnd(a.v, p.dtype, BHkv, p.Nk, D, KV::Bc);
-  const bool drop = a.dropout.threshold != 0;
-  auto dkdv = drop ? dkdv_kernel<KV, true> : dkdv_kernel<KV, false>;
-  allow_smem(dkdv, KV::kSmemBytes);
-
-  const int64_t rows = BHq * p.Nq;
-  const unsigned pre_blocks = grid_size((rows + kPreprocessWarps - 1) / kPreprocessWarps);
-  const unsigned kv_blocks = grid_size((p.Nk + KV::Bc - 1) / KV::Bc * BHkv);
-  auto preprocess = [=] {
-    preprocess_kernel<T><<<pre_blocks, 32 * kPreprocessWarps>>>(static_cast<const T*>(a.o),
-                                                                 static_cast<const T*>(bp.dout), bp.dsum, rows, D);
-    CUDA_CHECK_LAUNCH();
-  };
-  if constexpr (Cfg::kAtomic) {
-    const int64_t elems = rows * D;
-    const unsigned cvt_blocks = grid_size((elems / 2 + kConvertThreads - 1) / kConvertThreads);
-    return [=] {
-      preprocess();
-      CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, size_t(elems) * sizeof(float)));  // atomics add into zeros
-      dkdv<<<kv_blocks, KV::kThreads, KV::kSmemBytes>>>(kv_q, kv_do, kv_k, kv_v, bp);
-      CUDA_CHECK_LAUNCH();
-      convert_dq_kernel<T><<<cvt_blocks, kConvertThreads>>>(bp.dq_accum, static_cast<T*>(bp.dq), elems, a.scale);
-      CUDA_CHECK_LAUNCH();
-    };
-  } else {
-    using DQ = typename Cfg::Dq;
-    // dQ kernel: Q and dO in boxes of Br rows, K and V in boxes of Bc rows.
-    const CUtensorMap dq_q = make_tensor_map_bhnd(a.q, p.dtype, BHq, p.Nq, D, DQ::Br);
-    const CUtensorMap dq_do = make_tensor_map_bhnd(bp.dout, p.dtype, BHq, p.Nq, D, DQ::Br);
-    const CUtensorMap dq_k = make_tensor_map_bhnd(a.k, p.dtype, BHkv, p.Nk, D, DQ::Bc);
-    const CUtensorMap dq_v = make_tensor_map_bhnd(a.v, p.dtype, BHkv, p.Nk, D, DQ::Bc);
-    auto dq = drop ? dq_kernel<DQ, true> : dq_kernel<DQ, false>;
-    allow_smem(dq, DQ::kSmemBytes);
-    const unsigned q_blocks = grid_size((p.Nq + DQ::Br - 1) / DQ::Br * BHq);
-    return [=] {
-      preprocess();
-      dkdv<<<kv_blocks, KV::kThreads, KV::kSmemBytes>>>(kv_q, kv_do, kv_k, kv_v, bp);
-      CUDA_CHECK_LAUNCH();
-      dq<<<q_blocks, DQ::kThreads, DQ::kSmemBytes>>>(dq_q, dq_do, dq_k, dq_v, bp);
-      CUDA_CHECK_LAUNCH();
-    };
-  }
-}
-
 // Calls f with the BwdConfig named `name` in the list, or throws.
 template <class F, class... Cfg>
 void with_config(const std::string& name, int d, ConfigList<Cfg...>, F&& f) {
@@ -194,7 +75,7 @@ void with_problem_config(const Problem& p, const std::string& variant, F&& f) {
     using T = decltype(t);
     dispatch_head_dim(int(p.d), [&](auto dim) {
       constexpr int D = decltype(dim)::value;
-      with_config(resolve_config<T, D>(variant), D, typename Configs<T, D>::All{}, f);
+      with_config(resolve_config<T, D>(split_variant(variant).first), D, typename Configs<T, D>::All{}, f);
     });
   });
 }
@@ -204,7 +85,7 @@ void with_problem_config(const Problem& p, const std::string& variant, F&& f) {
 class BackwardRunner final : public GpuRunner {
  public:
   BackwardRunner(const Problem& p, const Inputs& in, const std::string& variant)
-      : GpuRunner(p, in), forward_(step4::make_forward(p, params_)) {
+      : GpuRunner(p, in), forward_(step4::make_forward(p, params_, split_variant(variant).second)) {
     if (in.dout.size() != in.q.size()) return;  // a forward-only run (no --backward): no dO to set up
     const size_t bytes = size_t(dtype_bytes(p.dtype));
     do_ = upload(in.dout, p.dtype);

@@ -15,6 +15,7 @@
 #include "common/cuda_util.h"
 #include "common/eval.h"
 #include "step4_fused_pipelined/fused.h"
+#include "step5_backward/backward.h"
 
 namespace fa::step6 {
 
@@ -56,7 +57,7 @@ std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev)
   int64_t bucket = 1;  // sequence lengths share a choice within a power of two
   while (bucket < std::max(p.Nq, p.Nk)) bucket *= 2;
   return dev.name + "|sm" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor) + "|" + s.name + "|" +
-         (p.backward ? "bwd" : "fwd") + "|" + dtype_name(p.dtype) + "|d" + std::to_string(p.d) + "|" +
+         (p.backward && s.has_backward ? "bwd" : "fwd") + "|" + dtype_name(p.dtype) + "|d" + std::to_string(p.d) + "|" +
          (p.causal ? "causal" : "full") + "|g" + std::to_string(p.group()) + "|N<=" + std::to_string(bucket);
 }
 
@@ -129,6 +130,11 @@ bool same_result(const Tensor& a, const Tensor& ref, DType t) {
 
 }  // namespace
 
+Problem forward_only(Problem p) {
+  p.backward = false;
+  return p;
+}
+
 Autotuner::Autotuner(std::string cache_file) : file_(std::move(cache_file)) {}
 
 std::string Autotuner::cached(const Stage& s, const Problem& p) const {
@@ -155,11 +161,12 @@ Choice Autotuner::choose(const Stage& s, const Problem& p, bool force) {
   const double flops = bwd ? p.flops_backward() : p.flops_forward();
 
   const Inputs in = random_inputs(p);  // fresh inputs, drawn for this tuning run
-  Tensor ref_o;
+  Outputs ref;
   {
     auto r = s.make(p, in, def);
     r->run();
-    ref_o = r->outputs().o;
+    if (bwd) r->run_backward();
+    ref = r->outputs();
   }
   Choice best{def, "tuned now", {}};
   double best_tflops = -1;
@@ -169,7 +176,11 @@ Choice Autotuner::choose(const Stage& s, const Problem& p, bool force) {
     auto r = s.make(p, in, v);
     r->run();
     if (bwd) r->run_backward();
-    if (!same_result(r->outputs().o, ref_o, p.dtype)) {
+    const Outputs out = r->outputs();
+    const bool same = same_result(out.o, ref.o, p.dtype) &&
+                      (!bwd || (same_result(out.dq, ref.dq, p.dtype) && same_result(out.dk, ref.dk, p.dtype) &&
+                                same_result(out.dv, ref.dv, p.dtype)));
+    if (!same) {
       std::fprintf(stderr, "differs from the default configuration: skipped\n");
       continue;
     }
@@ -192,17 +203,21 @@ Choice Autotuner::choose(const Stage& s, const Problem& p, bool force) {
 }
 
 Stage stage() {
-  const Stage base = step4::stage();
+  const Stage fwd = step4::stage(), bwd = step5::stage();
   Stage s;
   s.name = "step6_autotune";
-  s.title = "step 4's forward in the configuration tuned for this GPU and problem (cached)";
+  s.title = "steps 4 and 5 in the configurations tuned for this GPU and problem (cached)";
   s.gpu = true;
+  s.has_backward = true;
   s.variants = {"tuned"};
-  s.unsupported = [base](const Problem& p, const std::string&) { return base.unsupported(p, "auto"); };
-  s.make = [base](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
-    const Choice c = Autotuner().choose(base, p);
-    std::fprintf(stderr, "step6_autotune: %s config %s\n", c.source.c_str(), c.variant.c_str());
-    return base.make(p, in, c.variant);
+  s.unsupported = [fwd](const Problem& p, const std::string&) { return fwd.unsupported(p, "auto"); };
+  s.make = [fwd, bwd](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
+    const Choice f = Autotuner().choose(fwd, forward_only(p));
+    std::fprintf(stderr, "step6_autotune: forward: %s config %s\n", f.source.c_str(), f.variant.c_str());
+    if (!p.backward) return fwd.make(p, in, f.variant);
+    const Choice b = Autotuner().choose(bwd, p);
+    std::fprintf(stderr, "step6_autotune: backward: %s config %s\n", b.source.c_str(), b.variant.c_str());
+    return bwd.make(p, in, step5::with_forward(b.variant, f.variant));
   };
   return s;
 }

@@ -65,8 +65,11 @@ class Autotuner {
   std::string file_;
 };
 
-// The registry entry "step6_autotune": step 4's forward in its tuned configuration (tuned in make(),
-// outside any timed region).
+// p without the backward: what step 4's forward is tuned on (a backward run tunes both passes).
+Problem forward_only(Problem p);
+
+// The registry entry "step6_autotune": step 4's forward and (with a backward) step 5's backward, each in
+// its tuned configuration (tuned in make(), outside any timed region).
 Stage stage();
 
 }  // namespace fa::step6

@@ -1,4 +1,5 @@
-// FlashAttention, step by step — step 6's executable: tune step 4 for a problem, cache the choice, run it.
+// FlashAttention, step by step — step 6's executable: tune steps 4 (and 5, with --backward) for a problem,
+// cache the choices, run them.
 //
 //   step6_autotune --seq 4096 --dim 128 --causal --bench     tune (or read the cache), then run and time
 //   step6_autotune ... --autotune                             tune again even if the cache has a choice
@@ -9,14 +10,17 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "autotune.h"
 #include "common/harness.h"
 #include "step4_fused_pipelined/fused.h"
+#include "step5_backward/backward.h"
 
 int main(int argc, char** argv) {
   try {
-    CLI::App app{"step6_autotune: step 4's forward in the configuration tuned for this GPU and problem"};
+    CLI::App app{"step6_autotune: steps 4 and 5 in the configurations tuned for this GPU and problem"};
     fa::CommonOptions o;
     fa::add_common_options(app, o);
     bool force = false, clear = false;
@@ -39,17 +43,25 @@ int main(int argc, char** argv) {
       throw std::runtime_error("step6_autotune needs a CUDA GPU: " + why);
     fa::CommonOptions probe = o;  // resolve the problem once to tune it (prepare_inputs fills the defaults)
     fa::prepare_inputs(probe);
-    const fa::Stage base = fa::step4::stage();
-    const fa::step6::Choice c = tuner.choose(base, probe.problem, force);
-    std::printf("configuration: %s (%s; cache %s)\n", c.variant.c_str(), c.source.c_str(), tuner.file().c_str());
-    if (!c.table.empty()) {
+    // The forward (step 4) on the problem without its backward, then, for a backward run, the backward
+    // (step 5): each tuned or read from the cache, exactly as the stage's make() will ask for them.
+    const fa::Problem& p = probe.problem;
+    std::vector<std::pair<fa::Stage, fa::Problem>> passes = {{fa::step4::stage(), fa::step6::forward_only(p)}};
+    if (p.backward) passes.emplace_back(fa::step5::stage(), p);
+    for (const auto& [base, problem] : passes) {
+      const char* pass = problem.backward ? "backward" : "forward";
+      const fa::step6::Choice c = tuner.choose(base, problem, force);
+      std::printf("%s configuration: %s (%s; cache %s)\n", pass, c.variant.c_str(), c.source.c_str(),
+                  tuner.file().c_str());
+      if (c.table.empty()) continue;
       std::printf("%-28s %10s\n", "config", "TFLOP/s");
-      for (const auto& [name, tf] : c.table) std::printf("%-28s %10.1f%s\n", name.c_str(), tf, name == c.variant ? "  <- chosen" : "");
+      for (const auto& [name, tf] : c.table)
+        std::printf("%-28s %10.1f%s\n", name.c_str(), tf, name == c.variant ? "  <- chosen" : "");
       if (!table_json.empty()) {
-        const fa::Problem& p = probe.problem;
         nlohmann::json rec = {{"device", fa::device_name(true)}, {"d", p.d}, {"Nq", p.Nq}, {"Nk", p.Nk}, {"B", p.B},
                               {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"causal", p.causal}, {"dtype", fa::dtype_name(p.dtype)},
-                              {"git", fa::git_revision()}, {"chosen", c.variant}, {"table", c.table}};
+                              {"mode", problem.backward ? "bwd" : "fwd"}, {"git", fa::git_revision()},
+                              {"chosen", c.variant}, {"default", base.default_config(problem)}, {"table", c.table}};
         std::ofstream(table_json, std::ios::app) << rec.dump() << "\n";
       }
     }

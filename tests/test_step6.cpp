@@ -1,5 +1,6 @@
 // FlashAttention, step by step — tests of step 6, the autotuner: the device filter (with a fake sm_120
-// description), the cache key, DISABLE_AUTOTUNE, and (on a GPU) the cache round trip.
+// description) for the forward and backward configs, the cache key, DISABLE_AUTOTUNE, and (on a GPU)
+// the cache round trip of both passes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "common/eval.h"
 #include "step4_fused_pipelined/fused.h"
+#include "step5_backward/backward.h"
 #include "step6_autotune/autotune.h"
 
 namespace fa {
@@ -51,6 +53,25 @@ TEST(Step6Filter, RejectsConfigsThatDoNotFitSm120) {
   }
 }
 
+// Step 5's list holds configs of both head dims (their Bq differs): the other head dim's are rejected with
+// that reason, and at d = 128 the 8-warp atomic config (117 KB) does not fit an RTX 50-series card.
+TEST(Step6Filter, RejectsBackwardConfigsThatDoNotFitSm120) {
+  const Stage s = step5::stage();
+  for (int64_t d : {64, 128}) {
+    Problem p = problem(d, 1024);
+    p.backward = true;
+    std::vector<std::string> rejected;
+    const auto ok = step6::feasible_variants(s, p, kFakeSm120, &rejected);
+    EXPECT_EQ(ok.size() + rejected.size(), s.tuning_variants.size());
+    for (const auto& v : ok) EXPECT_LE(s.launch_shape(p, v).smem_bytes, kFakeSm120.smem_optin) << v;
+    EXPECT_NE(std::find(ok.begin(), ok.end(), s.default_config(p)), ok.end()) << "the default must fit sm_120";
+    const std::string big = d == 64 ? "kv128x64-S2-atomic" : "kv128x32-S2-atomic";
+    EXPECT_EQ(std::find(ok.begin(), ok.end(), big), ok.end()) << big;
+    const auto on_h100 = step6::feasible_variants(s, p, kFakeH100);
+    EXPECT_NE(std::find(on_h100.begin(), on_h100.end(), big), on_h100.end()) << big;
+  }
+}
+
 TEST(Step6Cache, KeyBucketsSequenceLengthsAndSeparatesFeatures) {
   const Stage s = step4::stage();
   const auto key = [&](const Problem& p) { return step6::cache_key(s, p, kFakeH100); };
@@ -88,19 +109,23 @@ TEST(Step6, CacheRoundTripsAndTimesNothingTheSecondTime) {
   unsetenv("FMHA_DISABLE_AUTOTUNE");
   const std::string file = (std::filesystem::temp_directory_path() / "fa_step6_cache_test.json").string();
   std::remove(file.c_str());
-  const Stage s = step4::stage();
-  const Problem p = problem(64, 512);
-  step6::Autotuner tuner(file);
-  const step6::Choice first = tuner.choose(s, p);
-  EXPECT_EQ(first.source, "tuned now");
-  EXPECT_EQ(first.table.size(), step6::feasible_variants(s, p, step6::current_device()).size());
-  EXPECT_EQ(first.variant, step6::pick(first.table, s.default_config(p)));
-  const step6::Choice second = step6::Autotuner(file).choose(s, p);
-  EXPECT_EQ(second.source, "cache");
-  EXPECT_EQ(second.variant, first.variant);
-  EXPECT_TRUE(second.table.empty());
-  EXPECT_EQ(tuner.cached(s, p), first.variant);
-  tuner.clear();
+  Problem bwd = problem(64, 512);
+  bwd.backward = true;
+  // The forward on step 4, the backward on step 5: two entries of one cache file.
+  for (const auto& [s, p] : {std::make_pair(step4::stage(), problem(64, 512)), std::make_pair(step5::stage(), bwd)}) {
+    SCOPED_TRACE(s.name);
+    step6::Autotuner tuner(file);
+    const step6::Choice first = tuner.choose(s, p);
+    EXPECT_EQ(first.source, "tuned now");
+    EXPECT_EQ(first.table.size(), step6::feasible_variants(s, p, step6::current_device()).size());
+    EXPECT_EQ(first.variant, step6::pick(first.table, s.default_config(p)));
+    const step6::Choice second = step6::Autotuner(file).choose(s, p);
+    EXPECT_EQ(second.source, "cache");
+    EXPECT_EQ(second.variant, first.variant);
+    EXPECT_TRUE(second.table.empty());
+    EXPECT_EQ(tuner.cached(s, p), first.variant);
+  }
+  step6::Autotuner(file).clear();
   EXPECT_FALSE(std::filesystem::exists(file));
 }
 

@@ -1,0 +1,81 @@
+// FlashAttention, step by step — step 5: the named backward configurations (step5_backward/configs.h)
+//
+// A configuration is the dK/dV kernel's tiles plus, for the deterministic variant, the dQ kernel's. The
+// defaults per variant and the list --variant (and step 6's tuner) can pick from live here; launch.cu
+// maps names to them, and instances_*.cu compile their kernels, one dtype and head dim per translation
+// unit so that a build spreads them over its cores.
+#pragma once
+#include <algorithm>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "traits.h"
+
+namespace fa::step5 {
+
+// One backward configuration: the dK/dV kernel's tiles and, for the deterministic variant, the dQ
+// kernel's (void for the atomic variant, whose dK/dV kernel also produces dQ).
+template <class KV, class QD = void>
+struct BwdConfig {
+  using DkDv = KV;
+  using Dq = QD;
+  static constexpr bool kAtomic = KV::kAtomicDq;
+  static_assert(kAtomic == std::is_void_v<QD>, "the atomic variant has no dQ kernel; the deterministic one needs one");
+  static constexpr size_t smem_bytes() {
+    if constexpr (kAtomic) return KV::kSmemBytes;
+    else return std::max(KV::kSmemBytes, QD::kSmemBytes);
+  }
+  static constexpr size_t kSmemBytes = smem_bytes();  // the larger of its kernels'
+};
+
+template <class... Cfg>
+struct ConfigList {};
+
+template <typename T, int D>
+struct Configs {
+  // Deterministic. d = 128 takes half-height Q/dO tiles (Bq = 32) in the dK/dV kernel and half-width K/V
+  // tiles in the dQ kernel, so that dK and dV (128 fp32 registers per thread) or Q, dO and dQ leave room
+  // for S and dP. Measured on the H100 (docs/results/step5.md): two blocks of 4 warps per SM beat one of
+  // 8 (their barriers and phases desynchronise), and a third pipeline stage buys nothing.
+  static constexpr int kBq = D == 64 ? 64 : 32;
+  //                          T  D  Warps Bq   Stages         T  D  Warps Bc   Stages
+  using Det4 = BwdConfig<DkDvTraits<T, D, 4, kBq, 2>, DqTraits<T, D, 4, kBq, 2>>;
+  using Det4S3 = BwdConfig<DkDvTraits<T, D, 4, kBq, 3>, DqTraits<T, D, 4, kBq, 3>>;
+  using Det8 = BwdConfig<DkDvTraits<T, D, 8, kBq, 2>, DqTraits<T, D, 4, kBq, 2>>;
+  // Atomic: 8 warps x 16 keys, as FlashAttention 2 (Bc = 128 halves the dQ atomics of Bc = 64).
+  //                          T  D  Warps Bq         Stages AtomicDq
+  using Atomic = BwdConfig<DkDvTraits<T, D, 8, kBq, 2, true>>;
+  using AtomicHalf = BwdConfig<DkDvTraits<T, D, 8, kBq / 2, 2, true>>;
+  using Atomic4 = BwdConfig<DkDvTraits<T, D, 4, kBq, 2, true>>;
+
+  using Deterministic = Det4;
+  using AtomicSm90 = Atomic;
+  using AtomicSm120 = std::conditional_t<Atomic::kSmemBytes <= kSm120SmemBytes, Atomic, AtomicHalf>;
+  static_assert(Deterministic::kSmemBytes <= kSm120SmemBytes && AtomicSm120::kSmemBytes <= kSm120SmemBytes,
+                "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
+  // Every configuration --variant can name (step 6 sweeps them).
+  using All = ConfigList<Det4, Det4S3, Det8, Atomic, AtomicHalf, Atomic4>;
+};
+
+// X(T, D, Name) for each configuration of Configs<T, D>::All, in the same order: the instances_*.cu files
+// compile their kernels with it (a name missing here fails at link time, not silently).
+#define FA_STEP5_FOR_EACH_CONFIG(X, T, D) \
+  X(T, D, Det4) X(T, D, Det4S3) X(T, D, Det8) X(T, D, Atomic) X(T, D, AtomicHalf) X(T, D, Atomic4)
+
+template <class Cfg>
+std::string config_name() {
+  using KV = typename Cfg::DkDv;
+  std::string name = "kv" + std::to_string(KV::Bc) + "x" + std::to_string(KV::Bq) + "-S" + std::to_string(KV::kStages);
+  if constexpr (Cfg::kAtomic) return name + "-atomic";
+  else
+    return name + "-q" + std::to_string(Cfg::Dq::Br) + "x" + std::to_string(Cfg::Dq::Bc) + "-S" +
+           std::to_string(Cfg::Dq::kStages);
+}
+
+template <class... Cfg>
+std::vector<std::string> config_names(ConfigList<Cfg...>) {
+  return {config_name<Cfg>()...};
+}
+
+}  // namespace fa::step5

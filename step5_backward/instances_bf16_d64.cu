@@ -1,0 +1,4 @@
+// FlashAttention, step by step — step 5: the bf16, d = 64 kernels of every configuration (configs.h).
+#include "prepare.cuh"
+
+FA_STEP5_FOR_EACH_CONFIG(FA_STEP5_INSTANTIATE, __nv_bfloat16, 64)

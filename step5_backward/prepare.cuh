@@ -1,0 +1,98 @@
+// FlashAttention, step by step — step 5: set-up and launch of one configuration (step5_backward/prepare.cuh)
+//
+// prepare<Cfg> builds the tensor maps and shared-memory opt-ins of configuration Cfg (configs.h) outside
+// any timed region and returns the closure that launches its kernels (launch.cu picks Cfg by variant).
+// Included by the instances_*.cu files only, each instantiating it for one dtype and head dim.
+#pragma once
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "common/gpu_types.h"
+#include "common/tma.h"
+#include "configs.h"
+#include "dkdv.cuh"
+#include "dq.cuh"
+#include "preprocess.cuh"
+
+namespace fa::step5 {
+
+template <class Kernel>
+inline void allow_smem(Kernel kernel, size_t bytes) {
+  int dev = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (size_t(optin) < bytes)
+    throw std::runtime_error("a backward kernel needs " + std::to_string(bytes) +
+                             " bytes of shared memory per block; the device allows " + std::to_string(optin));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+inline unsigned grid_size(int64_t blocks) {
+  if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
+  return unsigned(blocks);
+}
+
+// Set-up, outside any timed region: tensor maps (one per operand and box height), shared-memory opt-ins,
+// and the closure that launches the kernels.
+template <class Cfg>
+std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
+  using KV = typename Cfg::DkDv;
+  using T = typename KV::T;
+  constexpr int D = KV::D;
+  const AttnParams& a = bp.a;
+  const int64_t BHq = p.B * p.Hq, BHkv = p.B * p.Hkv;
+  // dK/dV kernel: Q and dO in boxes of Bq rows, K and V in boxes of Bc rows.
+  const CUtensorMap kv_q = make_tensor_map_bhnd(a.q, p.dtype, BHq, p.Nq, D, KV::Bq);
+  const CUtensorMap kv_do = make_tensor_map_bhnd(bp.dout, p.dtype, BHq, p.Nq, D, KV::Bq);
+  const CUtensorMap kv_k = make_tensor_map_bhnd(a.k, p.dtype, BHkv, p.Nk, D, KV::Bc);
+  const CUtensorMap kv_v = make_tensor_map_bhnd(a.v, p.dtype, BHkv, p.Nk, D, KV::Bc);
+  const bool drop = a.dropout.threshold != 0;
+  auto dkdv = drop ? dkdv_kernel<KV, true> : dkdv_kernel<KV, false>;
+  allow_smem(dkdv, KV::kSmemBytes);
+
+  const int64_t rows = BHq * p.Nq;
+  const unsigned pre_blocks = grid_size((rows + kPreprocessWarps - 1) / kPreprocessWarps);
+  const unsigned kv_blocks = grid_size((p.Nk + KV::Bc - 1) / KV::Bc * BHkv);
+  auto preprocess = [=] {
+    preprocess_kernel<T><<<pre_blocks, 32 * kPreprocessWarps>>>(static_cast<const T*>(a.o),
+                                                                 static_cast<const T*>(bp.dout), bp.dsum, rows, D);
+    CUDA_CHECK_LAUNCH();
+  };
+  if constexpr (Cfg::kAtomic) {
+    const int64_t elems = rows * D;
+    const unsigned cvt_blocks = grid_size((elems / 2 + kConvertThreads - 1) / kConvertThreads);
+    return [=] {
+      preprocess();
+      CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, size_t(elems) * sizeof(float)));  // atomics add into zeros
+      dkdv<<<kv_blocks, KV::kThreads, KV::kSmemBytes>>>(kv_q, kv_do, kv_k, kv_v, bp);
+      CUDA_CHECK_LAUNCH();
+      convert_dq_kernel<T><<<cvt_blocks, kConvertThreads>>>(bp.dq_accum, static_cast<T*>(bp.dq), elems, a.scale);
+      CUDA_CHECK_LAUNCH();
+    };
+  } else {
+    using DQ = typename Cfg::Dq;
+    // dQ kernel: Q and dO in boxes of Br rows, K and V in boxes of Bc rows.
+    const CUtensorMap dq_q = make_tensor_map_bhnd(a.q, p.dtype, BHq, p.Nq, D, DQ::Br);
+    const CUtensorMap dq_do = make_tensor_map_bhnd(bp.dout, p.dtype, BHq, p.Nq, D, DQ::Br);
+    const CUtensorMap dq_k = make_tensor_map_bhnd(a.k, p.dtype, BHkv, p.Nk, D, DQ::Bc);
+    const CUtensorMap dq_v = make_tensor_map_bhnd(a.v, p.dtype, BHkv, p.Nk, D, DQ::Bc);
+    auto dq = drop ? dq_kernel<DQ, true> : dq_kernel<DQ, false>;
+    allow_smem(dq, DQ::kSmemBytes);
+    const unsigned q_blocks = grid_size((p.Nq + DQ::Br - 1) / DQ::Br * BHq);
+    return [=] {
+      preprocess();
+      dkdv<<<kv_blocks, KV::kThreads, KV::kSmemBytes>>>(kv_q, kv_do, kv_k, kv_v, bp);
+      CUDA_CHECK_LAUNCH();
+      dq<<<q_blocks, DQ::kThreads, DQ::kSmemBytes>>>(dq_q, dq_do, dq_k, dq_v, bp);
+      CUDA_CHECK_LAUNCH();
+    };
+  }
+}
+
+}  // namespace fa::step5
+
+// An explicit instantiation of prepare<> (and so of its kernels) for configuration Name of Configs<T, D>.
+#define FA_STEP5_INSTANTIATE(T, D, Name) \
+  template std::function<void()> fa::step5::prepare<fa::step5::Configs<T, D>::Name>(const fa::Problem&, \
+                                                                                    const fa::step5::BwdParams&);
