@@ -5,6 +5,7 @@
 // Included by the instances_*.cu files only, each instantiating it for one dtype and head dim.
 #pragma once
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -32,6 +33,24 @@ inline unsigned grid_size(int64_t blocks) {
   if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
   return unsigned(blocks);
 }
+
+// A second stream and the two events that fork it from, and join it back to, the default stream.
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  SideStream() {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  }
+  ~SideStream() {  // errors here cannot be reported (a destructor); the handles are released either way
+    cudaEventDestroy(join);
+    cudaEventDestroy(fork);
+    cudaStreamDestroy(stream);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+};
 
 // Set-up, outside any timed region: tensor maps (one per operand and box height), shared-memory opt-ins,
 // and the closure that launches the kernels.
@@ -80,12 +99,20 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
     auto dq = drop ? dq_kernel<DQ, true> : dq_kernel<DQ, false>;
     allow_smem(dq, DQ::kSmemBytes);
     const unsigned q_blocks = grid_size((p.Nq + DQ::Br - 1) / DQ::Br * BHq);
+    // The two kernels are independent (each needs only D): the dQ kernel runs on a second stream, forked
+    // after the preprocess and joined before the backward ends, so that its blocks fill the SMs beside
+    // (and after) the dK/dV kernel's instead of waiting for its tail. Each output still has one writer.
+    auto side = std::make_shared<SideStream>();
     return [=] {
       preprocess();
+      CUDA_CHECK(cudaEventRecord(side->fork, 0));
+      CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->fork, 0));
       dkdv<<<kv_blocks, KV::kThreads, KV::kSmemBytes>>>(kv_q, kv_do, kv_k, kv_v, bp);
       CUDA_CHECK_LAUNCH();
-      dq<<<q_blocks, DQ::kThreads, DQ::kSmemBytes>>>(dq_q, dq_do, dq_k, dq_v, bp);
+      dq<<<q_blocks, DQ::kThreads, DQ::kSmemBytes, side->stream>>>(dq_q, dq_do, dq_k, dq_v, bp);
       CUDA_CHECK_LAUNCH();
+      CUDA_CHECK(cudaEventRecord(side->join, side->stream));
+      CUDA_CHECK(cudaStreamWaitEvent(0, side->join, 0));  // the default stream (and its timer) waits for dQ
     };
   }
 }
