@@ -43,6 +43,8 @@ struct Configs {
   using Det4 = BwdConfig<DkDvTraits<T, D, 4, kBq, 2>, DqTraits<T, D, 4, kBq, 2>>;
   using Det4S3 = BwdConfig<DkDvTraits<T, D, 4, kBq, 3>, DqTraits<T, D, 4, kBq, 3>>;
   using Det8 = BwdConfig<DkDvTraits<T, D, 8, kBq, 2>, DqTraits<T, D, 4, kBq, 2>>;
+  // The dQ kernel with the other K/V tile width: 64 keys at d = 128 (255 registers), 32 at d = 64.
+  using DetQ = BwdConfig<DkDvTraits<T, D, 4, kBq, 2>, DqTraits<T, D, 4, D == 64 ? 32 : 64, 2>>;
   // Atomic: 8 warps x 16 keys, as FlashAttention 2 (Bc = 128 halves the dQ atomics of Bc = 64).
   //                          T  D  Warps Bq         Stages AtomicDq
   using Atomic = BwdConfig<DkDvTraits<T, D, 8, kBq, 2, true>>;
@@ -55,13 +57,13 @@ struct Configs {
   static_assert(Deterministic::kSmemBytes <= kSm120SmemBytes && AtomicSm120::kSmemBytes <= kSm120SmemBytes,
                 "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
   // Every configuration --variant can name (step 6 sweeps them).
-  using All = ConfigList<Det4, Det4S3, Det8, Atomic, AtomicHalf, Atomic4>;
+  using All = ConfigList<Det4, Det4S3, Det8, DetQ, Atomic, AtomicHalf, Atomic4>;
 };
 
 // X(T, D, Name) for each configuration of Configs<T, D>::All, in the same order: the instances_*.cu files
 // compile their kernels with it (a name missing here fails at link time, not silently).
 #define FA_STEP5_FOR_EACH_CONFIG(X, T, D) \
-  X(T, D, Det4) X(T, D, Det4S3) X(T, D, Det8) X(T, D, Atomic) X(T, D, AtomicHalf) X(T, D, Atomic4)
+  X(T, D, Det4) X(T, D, Det4S3) X(T, D, Det8) X(T, D, DetQ) X(T, D, Atomic) X(T, D, AtomicHalf) X(T, D, Atomic4)
 
 template <class Cfg>
 std::string config_name() {

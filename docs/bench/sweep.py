@@ -77,12 +77,12 @@ def has_backward(exe, variant, timeout):
     return "has no backward pass" not in r.stderr
 
 
-def run_stage(exe, s, variant, backward, check, timeout):
+def run_stage(exe, s, variant, backward, check, timeout, extra=()):
     """One executable run: returns (harness JSON record or None, error string or None)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rec.jsonl")
         cmd = [exe, "--bench", "--json", out, "--dtype", "bf16", "--batch", str(s["B"]),
-               "--heads", str(s["Hq"]), "--seq", str(s["N"]), "--dim", str(s["d"])]
+               "--heads", str(s["Hq"]), "--seq", str(s["N"]), "--dim", str(s["d"])] + list(extra)
         cmd += ["--causal"] * s["causal"] + ["--backward"] * backward + ["--check"] * check
         cmd += ["--variant", variant] if variant else []
         try:
@@ -222,6 +222,8 @@ def main():
                     help="merge into an existing --out file (a sweep split over several runs); "
                          "a point measured again replaces the old record")
     ap.add_argument("--timeout", type=int, default=600, help="seconds allowed per point (default: 600)")
+    ap.add_argument("--tuning-tables", metavar="FILE",
+                    help="step6_autotune appends each tuned problem's table of every config's TFLOP/s to FILE")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     seqs = QUICK_SEQS if a.quick else SEQS
@@ -249,7 +251,8 @@ def main():
         label, mine = name + (f":{variant}" if variant else ""), []
         for s in points:
             i += 1
-            rec, err = run_stage(exe, s, variant, backward, a.check, a.timeout)
+            extra = ["--table-json", os.path.abspath(a.tuning_tables)] if a.tuning_tables and name == "step6_autotune" else []
+            rec, err = run_stage(exe, s, variant, backward, a.check, a.timeout, extra)
             harness = harness or rec or {}
             extra = {k: v for k, v in (rec or {}).items() if k == "pass" or k.startswith("err_")}
             new = [record(name, "stage", variant, s, m, ms=(rec or {}).get(f"{m}_ms"), error=err, extra=extra)
