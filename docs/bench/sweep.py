@@ -215,6 +215,7 @@ def main():
                          "--stages with no name: peers only)")
     ap.add_argument("--out", help="output JSON (default: docs/results/sweep-<gpu>-<date>.json)")
     ap.add_argument("--quick", action="store_true", help=f"N in {QUICK_SEQS} only: a smoke test")
+    ap.add_argument("--dims", type=int, nargs="+", choices=DIMS, default=DIMS, help="head dims (default: 64 128)")
     ap.add_argument("--check", action="store_true",
                     help="also --check every point against step 1 (slow at large N)")
     ap.add_argument("--no-peers", action="store_true", help="skip PyTorch SDPA even when it is available")
@@ -227,7 +228,7 @@ def main():
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     seqs = QUICK_SEQS if a.quick else SEQS
-    points = shapes(seqs)
+    points = [s for s in shapes(seqs) if s["d"] in a.dims]
 
     impls = []  # (name, variant, exe, backward)
     specs = a.stages if a.stages is not None else [n for n in GPU_STAGES if os.path.exists(stage_exe(build, n))]
