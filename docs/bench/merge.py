@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""FlashAttention, step by step — docs/bench/merge.py: one sweep JSON out of several runs.
+
+    merge.py OUT.json BASE.json RUN.json[:MODE] ... [--note TEXT]
+
+Starts from BASE's records and, file by file, adds each RUN's records (only its MODE ones, fwd or bwd,
+when given), a record replacing any earlier one with the same (name, variant, d, N, causal, mode), as
+sweep.py --append does. Merge whole comparisons: a stage and the peers it is compared with should come
+from the same run (docs/conventions.md); the note says which run each part came from.
+"""
+import argparse
+import json
+
+
+def key(r):
+    return (r["name"], r["variant"], r["d"], r["N"], r["causal"], r["mode"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
+    ap.add_argument("out")
+    ap.add_argument("base")
+    ap.add_argument("runs", nargs="+", metavar="RUN.json[:MODE]")
+    ap.add_argument("--note", default="", help="the provenance note stored in the output")
+    a = ap.parse_args()
+    with open(a.base) as f:
+        result = json.load(f)
+    records = {key(r): r for r in result["records"]}
+    for spec in a.runs:
+        path, _, mode = spec.partition(":")
+        with open(path) as f:
+            run = json.load(f)
+        for r in run["records"]:
+            if not mode or r["mode"] == mode:
+                records[key(r)] = dict(r, run=run.get("build_git") or run.get("git"))
+    result["records"] = list(records.values())
+    if a.note:
+        result["note"] = a.note
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(f"wrote {a.out}: {len(result['records'])} records")
+
+
+if __name__ == "__main__":
+    main()
