@@ -1,14 +1,14 @@
-// FlashAttention, step by step — step 5: configurations, launch and runner (step5_backward/launch.cu)
+// FlashAttention, step by step — step 5: variants and runner (step5_backward/launch.cu)
 //
-// Two variants of the backward, each a few launches on the default stream, in order (each needs the last):
+// Two variants of the backward, each a few launches (prepare.cuh), in order (each needs the last):
 //   deterministic (default)                              atomic (FlashAttention 2's single kernel)
 //   preprocess  D = rowsum(dO * O)                       preprocess, then dQacc = 0 (memset)
-//   dK/dV  grid ceil(Nk / Bc) * Hkv * B                  dK/dV, which also adds dS K into dQacc (fp32)
-//   dQ     grid ceil(Nq / Br) * Hq * B                   convert  dQ = scale * dQacc
+//   dK/dV  grid ceil(Nk / Bc) * Hkv * B    } side by     dK/dV, which also adds dS K into dQacc (fp32)
+//   dQ     grid ceil(Nq / Br) * Hq * B     } side        convert  dQ = scale * dQacc
 // The deterministic variant has one writer per output element, so two runs give the same bits; the
 // atomic one computes S and dP once instead of twice (5 products instead of 7), but its fp32 additions
 // land in whatever order the blocks reach them. The forward is step 4's (make_forward), run in training
-// mode: it writes O and the LSE the backward reads.
+// mode: it writes O and the LSE the backward reads. Configurations and their names: configs.h.
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
