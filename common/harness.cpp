@@ -46,6 +46,8 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_flag("--check", o.check, "compare with step 1 in fp64; exit 1 if the tolerance rule fails");
   app.add_flag("--bench", o.bench, "time the stage: median of warmed-up runs");
   app.add_option("--json", o.json_file, "append one JSON record per run to FILE");
+  app.add_flag("--list-variants", o.list_variants,
+               "print the variants (the first is the default), then the named tuning configurations; run nothing");
   app.add_flag("--tuned", o.tuned, "run the configuration step 6 tuned for this GPU and problem (tunes it once)");
 }
 
@@ -132,6 +134,12 @@ static std::vector<uint8_t> dropout_mask(const Problem& p) {
 }
 
 int run_stage(const Stage& s, CommonOptions& o) {
+  if (o.list_variants) {
+    for (const std::string& v : s.variants) std::printf("%s\n", v.c_str());
+    for (const std::string& v : s.tuning_variants) std::printf("%s\n", v.c_str());
+    if (s.variants.empty() && s.tuning_variants.empty()) std::printf("(%s has no variants)\n", s.name.c_str());
+    return 0;
+  }
   Inputs in = prepare_inputs(o);
   Problem& p = o.problem;
   std::string variant = o.variant.empty() ? (s.variants.empty() ? "" : s.variants[0]) : o.variant;
@@ -221,14 +229,7 @@ int stage_main(const std::string& stage_name, int argc, char** argv) {
     CLI::App app{s.name + ": " + s.title};
     CommonOptions o;
     add_common_options(app, o);
-    bool list = false;
-    app.add_flag("--list-variants", list, "print the variants (the first is the default) and the tuning configs");
     CLI11_PARSE(app, argc, argv);
-    if (list) {
-      for (const std::string& v : s.variants) std::printf("%s\n", v.c_str());
-      for (const std::string& v : s.tuning_variants) std::printf("%s\n", v.c_str());
-      return 0;
-    }
     return run_stage(s, o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", stage_name.c_str(), e.what());

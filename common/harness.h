@@ -23,6 +23,7 @@ struct CommonOptions {
   std::string inputs_dir, dump_dir, json_file;
   bool check = false, bench = false;
   bool tuned = false;  // use step 6's tuned configuration (tuning and caching it if needed)
+  bool list_variants = false;  // print the stage's variants and tuning configurations, run nothing
 };
 
 // Adds the flags every stage accepts (--batch ... --json) to `app`.

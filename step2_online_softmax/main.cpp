@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     const fa::Stage s = fa::step2::stage(cfg);
-    return o.variant.empty() ? run_all(s, o, cfg) : fa::run_stage(s, o);
+    return o.variant.empty() && !o.list_variants ? run_all(s, o, cfg) : fa::run_stage(s, o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step2_online_softmax: error: %s\n", e.what());
     return 2;

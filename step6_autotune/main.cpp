@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
     }
 
     const fa::Stage& s = fa::find_stage("step6_autotune");
+    if (o.list_variants) return fa::run_stage(s, o);
     if (const std::string why = fa::gpu_unavailable_reason(); !why.empty())
       throw std::runtime_error("step6_autotune needs a CUDA GPU: " + why);
     fa::CommonOptions probe = o;  // resolve the problem once to tune it (prepare_inputs fills the defaults)

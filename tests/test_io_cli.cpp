@@ -101,6 +101,18 @@ TEST(Cli, BadProblemsExitNonZeroWithOneMessage) {
   }
 }
 
+TEST(Cli, ListVariantsPrintsAndRunsNothing) {
+  std::vector<std::string> args = {"step2_online_softmax", "--list-variants", "--seq", "-5"};  // never validated: nothing runs
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  ::testing::internal::CaptureStdout();
+  const int rc = stage_main("step2_online_softmax", int(argv.size()), argv.data());
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(out.rfind("3pass\n", 0), 0u) << out;  // the default first
+  EXPECT_NE(out.find("fa2\n"), std::string::npos) << out;
+}
+
 TEST(Cli, DumpWritesNumpyFilesWithTheDocumentedShapes) {
   const fs::path d = temp_dir("dump");
   const auto [rc, err] = run_cli({"--batch", "2", "--heads", "4", "--kv-heads", "2", "--seq-q", "5", "--seq-k", "7",

@@ -79,7 +79,11 @@ def line_styles(data, colors):
 
 
 def plot(data, mode, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit(f"plot.py: this Python ({sys.executable}) has no matplotlib; run it with Debian's "
+                 "/usr/bin/python3 (apt-get install python3-matplotlib), or use --table, which needs none")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

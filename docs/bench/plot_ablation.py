@@ -11,7 +11,13 @@ import argparse
 import json
 import os
 
-import matplotlib
+import sys
+
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(f"plot_ablation.py: this Python ({sys.executable}) has no matplotlib; run it with Debian's "
+             "/usr/bin/python3 (apt-get install python3-matplotlib)")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -302,6 +302,8 @@ def main():
         f.write("\n")
     failed = sum(1 for r in result["records"] if r.get("error"))
     print(f"wrote {out}: {len(result['records'])} records, {failed} failed")
+    if recs and all(r.get("error") for r in recs):
+        sys.exit(f"sweep.py: every point of this run failed (first error: {recs[0]['error']})")
 
 
 if __name__ == "__main__":
