@@ -26,6 +26,22 @@ std::string cuda_runtime_version() {
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
 }
 
+int compute_capability_major() {
+  int dev = 0, major = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major;
+}
+
+void require_smem_optin(size_t bytes, const std::string& what) {
+  int dev = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (size_t(optin) < bytes)
+    throw std::runtime_error(what + " needs " + std::to_string(bytes) +
+                             " bytes of shared memory per block; the device allows " + std::to_string(optin));
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
   const cudaError_t e = cudaMalloc(&ptr_, bytes);

@@ -28,6 +28,10 @@ namespace fa {
 
 std::string gpu_name();
 std::string cuda_runtime_version();
+int compute_capability_major();  // of the current device: 9 on an H100, 12 on an RTX 50-series card
+// Throws one clear message when `what` needs more shared memory per block than the current device's
+// opt-in limit (227 KB on an H100, 99 KB on sm_120).
+void require_smem_optin(size_t bytes, const std::string& what);
 
 // An owning device allocation of `bytes` bytes.
 class DeviceBuffer {

@@ -55,22 +55,10 @@ Stage::LaunchShape config_shape(const std::string& name, ConfigList<Tr...>) {
 
 namespace {
 
-int compute_capability_major() {
-  int dev = 0, major = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return major;
-}
-
 // Set-up, outside any timed region: tensor maps, the shared-memory opt-in, the launch closure.
 template <class Tr>
 std::function<void()> prepare(const Problem& p, const AttnParams& params) {
-  int dev = 0, optin = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (size_t(optin) < Tr::kSmemBytes)
-    throw std::runtime_error("this config needs " + std::to_string(Tr::kSmemBytes) +
-                             " bytes of shared memory per block; the device allows " + std::to_string(optin));
+  require_smem_optin(Tr::kSmemBytes, "this config");
   const CUtensorMap tq = make_tensor_map_bhnd(params.q, p.dtype, p.B * p.Hq, p.Nq, Tr::D, Tr::Br, Tr::kSwizzle);
   const CUtensorMap tk = make_tensor_map_bhnd(params.k, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, Tr::kSwizzle);
   const CUtensorMap tv = make_tensor_map_bhnd(params.v, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, Tr::kSwizzle);

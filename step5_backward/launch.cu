@@ -43,13 +43,6 @@ std::pair<std::string, std::string> split_variant(const std::string& v) {
                                  : std::make_pair(v.substr(0, at), v.substr(at + 5));
 }
 
-int compute_capability_major() {
-  int dev = 0, major = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return major;
-}
-
 // The configuration name a variant stands for on this device and head dim.
 template <typename T, int D>
 std::string resolve_config(const std::string& variant) {

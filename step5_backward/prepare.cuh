@@ -20,12 +20,7 @@ namespace fa::step5 {
 
 template <class Kernel>
 inline void allow_smem(Kernel kernel, size_t bytes) {
-  int dev = 0, optin = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (size_t(optin) < bytes)
-    throw std::runtime_error("a backward kernel needs " + std::to_string(bytes) +
-                             " bytes of shared memory per block; the device allows " + std::to_string(optin));
+  require_smem_optin(bytes, "a backward kernel");
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 

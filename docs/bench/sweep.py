@@ -252,8 +252,8 @@ def main():
         label, mine = name + (f":{variant}" if variant else ""), []
         for s in points:
             i += 1
-            extra = ["--table-json", os.path.abspath(a.tuning_tables)] if a.tuning_tables and name == "step6_autotune" else []
-            rec, err = run_stage(exe, s, variant, backward, a.check, a.timeout, extra)
+            tables = ["--table-json", os.path.abspath(a.tuning_tables)] if a.tuning_tables and name == "step6_autotune" else []
+            rec, err = run_stage(exe, s, variant, backward, a.check, a.timeout, tables)
             harness = harness or rec or {}
             extra = {k: v for k, v in (rec or {}).items() if k == "pass" or k.startswith("err_")}
             new = [record(name, "stage", variant, s, m, ms=(rec or {}).get(f"{m}_ms"), error=err, extra=extra)
