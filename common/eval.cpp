@@ -50,7 +50,7 @@ CheckReport check_against_reference(const Problem& p, const Inputs& in, const Ou
 
 // ---- timing ----------------------------------------------------------------------------------------
 
-static double median(std::vector<double> v) {
+double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }

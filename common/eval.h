@@ -3,6 +3,7 @@
 // The CLI (harness.h), the tests, the tour and the autotuner (step 6) all use these.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "metrics.h"
 #include "stage.h"
@@ -21,6 +22,8 @@ struct CheckReport {
 };
 // Compares `got` with step 1 in fp64 under the tolerance rule (baseline: step 1 in the problem's dtype).
 CheckReport check_against_reference(const Problem& p, const Inputs& in, const Outputs& got);
+
+double median(std::vector<double> v);  // of a non-empty list
 
 struct Timing {
   double fwd_ms = 0, bwd_ms = 0;

@@ -48,6 +48,9 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--json", o.json_file, "append one JSON record per run to FILE");
   app.add_flag("--list-variants", o.list_variants,
                "print the variants (the first is the default), then the named tuning configurations; run nothing");
+  app.add_option("--bench-against", o.bench_against,
+                 "with --bench: also time VARIANT of this stage on the same inputs, alternating with the main run "
+                 "in rounds, and record both (a same-run comparison)");
   app.add_flag("--tuned", o.tuned, "run the configuration step 6 tuned for this GPU and problem (tunes it once)");
 }
 
@@ -143,9 +146,14 @@ int run_stage(const Stage& s, CommonOptions& o) {
   Inputs in = prepare_inputs(o);
   Problem& p = o.problem;
   std::string variant = o.variant.empty() ? (s.variants.empty() ? "" : s.variants[0]) : o.variant;
-  auto listed = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), o.variant) != v.end(); };
-  if (!o.variant.empty() && !listed(s.variants) && !listed(s.tuning_variants))
-    throw std::invalid_argument(s.name + " has no variant '" + o.variant + "'");
+  auto known = [&](const std::string& v) {
+    for (const auto* list : {&s.variants, &s.tuning_variants})
+      if (std::find(list->begin(), list->end(), v) != list->end()) return true;
+    return false;
+  };
+  if (!o.bench_against.empty() && !o.bench) throw std::invalid_argument("--bench-against needs --bench");
+  for (const std::string& v : {o.variant, o.bench_against})
+    if (!v.empty() && !known(v)) throw std::invalid_argument(s.name + " has no variant '" + v + "'");
   if (p.backward && !s.has_backward) throw std::invalid_argument(s.name + " has no backward pass (--backward)");
   if (const std::string why = s.unsupported(p, variant); !why.empty())
     throw std::invalid_argument(s.name + " cannot run this problem: " + why);
@@ -191,18 +199,36 @@ int run_stage(const Stage& s, CommonOptions& o) {
     if (!r.pass) rc = 1;
   }
   if (o.bench) {
-    const Timing t = time_runner(*runner, s, p.backward);
     const double unit = s.gpu ? 1e12 : 1e9;
     const char* uname = s.gpu ? "TFLOP/s" : "GFLOP/s";
-    std::printf("forward:  %10.3f ms  %8.2f %s\n", t.fwd_ms, p.flops_forward() / (t.fwd_ms * 1e-3) / unit, uname);
-    rec["fwd_ms"] = t.fwd_ms;
-    rec["fwd_tflops"] = p.flops_forward() / (t.fwd_ms * 1e-3) / 1e12;
-    if (p.backward) {
-      std::printf("backward: %10.3f ms  %8.2f %s\n", t.bwd_ms, p.flops_backward() / (t.bwd_ms * 1e-3) / unit, uname);
-      rec["bwd_ms"] = t.bwd_ms;
-      rec["bwd_tflops"] = p.flops_backward() / (t.bwd_ms * 1e-3) / 1e12;
+    auto report = [&](const char* what, const Timing& t, nlohmann::json& into) {
+      std::printf("%sforward:  %10.3f ms  %8.2f %s\n", what, t.fwd_ms, p.flops_forward() / (t.fwd_ms * 1e-3) / unit, uname);
+      into["fwd_ms"] = t.fwd_ms;
+      into["fwd_tflops"] = p.flops_forward() / (t.fwd_ms * 1e-3) / 1e12;
+      if (!p.backward) return;
+      std::printf("%sbackward: %10.3f ms  %8.2f %s\n", what, t.bwd_ms, p.flops_backward() / (t.bwd_ms * 1e-3) / unit, uname);
+      into["bwd_ms"] = t.bwd_ms;
+      into["bwd_tflops"] = p.flops_backward() / (t.bwd_ms * 1e-3) / 1e12;
+    };
+    if (o.bench_against.empty()) {
+      report("", time_runner(*runner, s, p.backward), rec);
+    } else {
+      // Two runners on the same inputs, timed in alternating rounds, so that clock and thermal drift
+      // during the run falls on both alike; each side's time is the median of its round medians.
+      auto other = s.make(p, in, o.bench_against);
+      constexpr int kRounds = 3;
+      std::vector<double> fa, ba, fb, bb;
+      for (int r = 0; r < kRounds; ++r) {
+        const Timing a = time_runner(*runner, s, p.backward), b = time_runner(*other, s, p.backward);
+        fa.push_back(a.fwd_ms), ba.push_back(a.bwd_ms), fb.push_back(b.fwd_ms), bb.push_back(b.bwd_ms);
+      }
+      report("", {median(fa), median(ba), kRounds}, rec);
+      nlohmann::json against = {{"variant", o.bench_against}};
+      report(("against " + o.bench_against + ": ").c_str(), {median(fb), median(bb), kRounds}, against);
+      rec["against"] = against;
     }
   }
+  for (const auto& [k, v] : o.record_extra) rec[k] = v;
   if (!o.dump_dir.empty()) {
     AtomicFileSet files;
     const std::string dir = o.dump_dir + "/";

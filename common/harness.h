@@ -2,6 +2,7 @@
 // The one harness: the common command line of every stage executable, input set-up, dumps and JSON
 // records (the check against step 1 and the timing live in eval.h).
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 
@@ -24,6 +25,8 @@ struct CommonOptions {
   bool check = false, bench = false;
   bool tuned = false;  // use step 6's tuned configuration (tuning and caching it if needed)
   bool list_variants = false;  // print the stage's variants and tuning configurations, run nothing
+  std::string bench_against;   // with --bench: also time this variant, alternating with the main one
+  std::map<std::string, std::string> record_extra;  // more fields for the JSON record (set by a main())
 };
 
 // Adds the flags every stage accepts (--batch ... --json) to `app`.

@@ -209,9 +209,12 @@ Stage stage() {
   s.title = "steps 4 and 5 in the configurations tuned for this GPU and problem (cached)";
   s.gpu = true;
   s.has_backward = true;
-  s.variants = {"tuned"};
+  // "tuned": the configurations the autotuner chose (or reads from its cache); "default": steps 4 and 5
+  // in their default configurations, nothing tuned (the baseline of `--bench --bench-against default`).
+  s.variants = {"tuned", "default"};
   s.unsupported = [fwd](const Problem& p, const std::string&) { return fwd.unsupported(p, "auto"); };
-  s.make = [fwd, bwd](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
+  s.make = [fwd, bwd](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
+    if (v == "default") return p.backward ? bwd.make(p, in, bwd.variants[0]) : fwd.make(p, in, fwd.variants[0]);
     const Choice f = Autotuner().choose(fwd, forward_only(p));
     std::fprintf(stderr, "step6_autotune: forward: %s config %s\n", f.source.c_str(), f.variant.c_str());
     if (!p.backward) return fwd.make(p, in, f.variant);

@@ -4,6 +4,7 @@
 //   step6_autotune --seq 4096 --dim 128 --causal --bench     tune (or read the cache), then run and time
 //   step6_autotune ... --autotune                             tune again even if the cache has a choice
 //   step6_autotune --clear-cache                              forget every cached choice
+//   step6_autotune ... --bench --bench-against default        time tuned and default in alternating rounds
 // DISABLE_AUTOTUNE=1 (or FMHA_DISABLE_AUTOTUNE=1) runs step 4's default configuration without timing.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -49,11 +50,19 @@ int main(int argc, char** argv) {
     const fa::Problem& p = probe.problem;
     std::vector<std::pair<fa::Stage, fa::Problem>> passes = {{fa::step4::stage(), fa::step6::forward_only(p)}};
     if (p.backward) passes.emplace_back(fa::step5::stage(), p);
+    const bool tune = o.variant != "default" || o.bench_against == "tuned";
     for (const auto& [base, problem] : passes) {
+      if (!tune) break;
       const char* pass = problem.backward ? "backward" : "forward";
       const fa::step6::Choice c = tuner.choose(base, problem, force);
+      const std::string def = base.default_config(problem);
       std::printf("%s configuration: %s (%s; cache %s)\n", pass, c.variant.c_str(), c.source.c_str(),
                   tuner.file().c_str());
+      // The JSON record says which configurations ran, so a tuned/default ratio can be read as "same
+      // kernels" (the tuner kept the default) or "a different choice".
+      const std::string mode = problem.backward ? "bwd" : "fwd";
+      o.record_extra[mode + "_config"] = c.variant;
+      o.record_extra[mode + "_default_config"] = def;
       if (c.table.empty()) continue;
       std::printf("%-28s %10s\n", "config", "TFLOP/s");
       for (const auto& [name, tf] : c.table)
@@ -61,8 +70,8 @@ int main(int argc, char** argv) {
       if (!table_json.empty()) {
         nlohmann::json rec = {{"device", fa::device_name(true)}, {"d", p.d}, {"Nq", p.Nq}, {"Nk", p.Nk}, {"B", p.B},
                               {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"causal", p.causal}, {"dtype", fa::dtype_name(p.dtype)},
-                              {"mode", problem.backward ? "bwd" : "fwd"}, {"git", fa::git_revision()},
-                              {"chosen", c.variant}, {"default", base.default_config(problem)}, {"table", c.table}};
+                              {"mode", mode}, {"git", fa::git_revision()},
+                              {"chosen", c.variant}, {"default", def}, {"table", c.table}};
         std::ofstream(table_json, std::ios::app) << rec.dump() << "\n";
       }
     }

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "common/harness.h"
 #include "common/npy.h"
 
@@ -93,6 +95,8 @@ TEST(Cli, BadProblemsExitNonZeroWithOneMessage) {
       {{"--dropout", "-0.1"}, "dropout must be in [0, 1)"},
       {{"--dtype", "fp8"}, "fp8"},
       {{"--variant", "nope"}, "no variant"},
+      {{"--bench", "--bench-against", "nope"}, "no variant"},
+      {{"--bench-against", "naive"}, "--bench-against needs --bench"},
   };
   for (const auto& [args, msg] : cases) {
     const auto [rc, err] = run_cli(args);
@@ -111,6 +115,25 @@ TEST(Cli, ListVariantsPrintsAndRunsNothing) {
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(out.rfind("3pass\n", 0), 0u) << out;  // the default first
   EXPECT_NE(out.find("fa2\n"), std::string::npos) << out;
+}
+
+TEST(Cli, BenchAgainstRecordsBothVariantsOfOneRun) {
+  const fs::path d = temp_dir("against");
+  const std::string json = (d / "rec.jsonl").string();
+  std::vector<std::string> args = {"step2_online_softmax", "--seq", "32", "--dim", "16", "--bench", "--variant", "fa2",
+                                   "--bench-against", "3pass", "--json", json};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  ::testing::internal::CaptureStdout();
+  const int rc = stage_main("step2_online_softmax", int(argv.size()), argv.data());
+  ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0);
+  std::ifstream f(json);
+  const nlohmann::json rec = nlohmann::json::parse(f);
+  EXPECT_EQ(rec["variant"], "fa2");
+  EXPECT_GT(rec["fwd_ms"].get<double>(), 0.0);
+  EXPECT_EQ(rec["against"]["variant"], "3pass");
+  EXPECT_GT(rec["against"]["fwd_ms"].get<double>(), 0.0);
 }
 
 TEST(Cli, DumpWritesNumpyFilesWithTheDocumentedShapes) {

@@ -42,12 +42,44 @@ def series(data, mode):
     def label(r):
         if r["kind"] == "peer":
             return PEER_LABELS.get(r["name"], r["name"])
-        return r["name"] + (f" ({r['variant']})" if len(variants[r["name"]]) > 1 else "")
+        return r["name"] + (f" ({r['variant']})" if len(variants[r["name"]]) > 1 or "against" in r else "")
 
     out = {}
     for r in sorted(recs, key=lambda r: (r["kind"] == "peer", r["name"], r["variant"])):
         out.setdefault((label(r), r["kind"]), {}).setdefault((r["d"], r["causal"]), {})[r["N"]] = r["tflops"]
+        if r.get("against_ms") and r["ms"]:  # the --bench-against variant, timed in the same rounds
+            against = (f"{r['name']} ({r['against']})", r["kind"])
+            out.setdefault(against, {}).setdefault((r["d"], r["causal"]), {})[r["N"]] = r["tflops"] * r["ms"] / r["against_ms"]
     return out
+
+
+def ratio_tables(data):
+    """Markdown: main run / --bench-against variant per mode, panel and N, where the records have both.
+    "=" marks points where both ran the same configurations (step 6 kept the default)."""
+    recs = [r for r in data["records"] if r.get("against_ms") and r.get("ms")]
+    if not recs:
+        return []
+    seqs = sorted({r["N"] for r in recs})
+    lines = []
+    for mode in MODES:
+        mine = [r for r in recs if r["mode"] == mode]
+        if not mine:
+            continue
+        r0 = mine[0]
+        lines += ["", f"**{MODES[mode]}: {r0['name']} {r0['variant']} / {r0['against']}, time ratio "
+                  f"(> 1: {r0['variant']} faster)**", "",
+                  "| | " + " | ".join(f"N={seq_label(n)}" for n in seqs) + " |", "|---|" + "---:|" * len(seqs)]
+        for d, causal in sorted({(r["d"], r["causal"]) for r in mine}):
+            cells = []
+            for n in seqs:
+                r = next((r for r in mine if (r["d"], r["causal"], r["N"]) == (d, causal, n)), None)
+                if r is None:
+                    cells.append("—")
+                    continue
+                same = r.get("config") is not None and r.get("config") == r.get("default_config")
+                cells.append(f"{r['against_ms'] / r['ms']:.3f}" + (" =" if same else f" ({r['config']})" if r.get("config") else ""))
+            lines.append(f"| {panel_title(d, causal)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def has_data(data, mode):
@@ -156,7 +188,7 @@ def tables(data, source):
             for (lab, _), by_panel in ser.items():
                 pts = by_panel.get((d, causal), {})
                 lines.append(f"| {lab} | " + " | ".join(fmt(pts.get(n)) for n in seqs) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + ratio_tables(data))
 
 
 def update_readme(readme, text):

@@ -11,6 +11,8 @@ docs/bench/plot.py turns into plots and tables. The core needs only the Python s
     python3 docs/bench/sweep.py --build build --quick         # N = 1024, 4096 only: a smoke test
     python3 docs/bench/sweep.py --stages step5_backward:atomic step4_fused_pipelined --no-peers
     python3 docs/bench/sweep.py --stages --out X.json --append # add the peers to X.json (split runs)
+    python3 docs/bench/sweep.py --stages step6_autotune --against default --no-peers
+                                  # tuned vs default, timed in alternating rounds inside every point
 
 FLOPs (docs/conventions.md): forward 4*B*Hq*N*N*d, halved when causal; backward 2.5x the forward.
 """
@@ -175,13 +177,31 @@ def record(name, kind, variant, s, mode, ms=None, error=None, extra=None):
     return r
 
 
+def details(rec, mode):
+    """What a record keeps of a harness record besides its time: the check's result, the configurations
+    step 6 ran (and the defaults), and the --bench-against variant's time."""
+    rec = rec or {}
+    out = {k: v for k, v in rec.items() if k == "pass" or k.startswith("err_")}
+    for k in ("config", "default_config"):
+        if f"{mode}_{k}" in rec:
+            out[k] = rec[f"{mode}_{k}"]
+    if "against" in rec:
+        out["against"] = rec["against"]["variant"]
+        out["against_ms"] = rec["against"].get(f"{mode}_ms")
+    return out
+
+
 def describe(name, s):
     return f"{name} d={s['d']} N={s['N']} {'causal' if s['causal'] else 'non-causal'}"
 
 
 def progress(i, total, what, recs):
-    res = ", ".join(f"{r['mode']}: {r['tflops']:.1f} TFLOP/s" if r["tflops"] else f"{r['mode']}: FAILED ({r['error']})"
-                    for r in recs)
+    def one(r):
+        if not r["tflops"]:
+            return f"{r['mode']}: FAILED ({r['error']})"
+        vs = f" ({r['against_ms'] / r['ms']:.3f}x {r['against']})" if r.get("against_ms") else ""
+        return f"{r['mode']}: {r['tflops']:.1f} TFLOP/s{vs}"
+    res = ", ".join(one(r) for r in recs)
     print(f"[{i}/{total}] {what} {res}", flush=True)
 
 
@@ -215,6 +235,7 @@ def main():
                          "--stages with no name: peers only)")
     ap.add_argument("--out", help="output JSON (default: docs/results/sweep-<gpu>-<date>.json)")
     ap.add_argument("--quick", action="store_true", help=f"N in {QUICK_SEQS} only: a smoke test")
+    ap.add_argument("--seqs", type=int, nargs="+", choices=SEQS, help="sequence lengths (default: all, or --quick's)")
     ap.add_argument("--dims", type=int, nargs="+", choices=DIMS, default=DIMS, help="head dims (default: 64 128)")
     ap.add_argument("--check", action="store_true",
                     help="also --check every point against step 1 (slow at large N)")
@@ -223,11 +244,14 @@ def main():
                     help="merge into an existing --out file (a sweep split over several runs); "
                          "a point measured again replaces the old record")
     ap.add_argument("--timeout", type=int, default=600, help="seconds allowed per point (default: 600)")
+    ap.add_argument("--against", metavar="VARIANT",
+                    help="each stage also times VARIANT of itself at every point, alternating with the main "
+                         "run (--bench-against); records get against_ms")
     ap.add_argument("--tuning-tables", metavar="FILE",
                     help="step6_autotune appends each tuned problem's table of every config's TFLOP/s to FILE")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
-    seqs = QUICK_SEQS if a.quick else SEQS
+    seqs = a.seqs or (QUICK_SEQS if a.quick else SEQS)
     points = [s for s in shapes(seqs) if s["d"] in a.dims]
 
     impls = []  # (name, variant, exe, backward)
@@ -252,11 +276,11 @@ def main():
         label, mine = name + (f":{variant}" if variant else ""), []
         for s in points:
             i += 1
-            tables = ["--table-json", os.path.abspath(a.tuning_tables)] if a.tuning_tables and name == "step6_autotune" else []
-            rec, err = run_stage(exe, s, variant, backward, a.check, a.timeout, tables)
+            flags = ["--table-json", os.path.abspath(a.tuning_tables)] if a.tuning_tables and name == "step6_autotune" else []
+            flags += ["--bench-against", a.against] if a.against else []
+            rec, err = run_stage(exe, s, variant, backward, a.check, a.timeout, flags)
             harness = harness or rec or {}
-            extra = {k: v for k, v in (rec or {}).items() if k == "pass" or k.startswith("err_")}
-            new = [record(name, "stage", variant, s, m, ms=(rec or {}).get(f"{m}_ms"), error=err, extra=extra)
+            new = [record(name, "stage", variant, s, m, ms=(rec or {}).get(f"{m}_ms"), error=err, extra=details(rec, m))
                    for m in (["fwd", "bwd"] if backward else ["fwd"])]
             progress(i, total, describe(label, s), new)
             mine += [(r, rec) for r in new]
