@@ -225,6 +225,8 @@ int run_stage(const Stage& s, CommonOptions& o) {
       report("", {median(fa), median(ba), kRounds}, rec);
       nlohmann::json against = {{"variant", o.bench_against}};
       report(("against " + o.bench_against + ": ").c_str(), {median(fb), median(bb), kRounds}, against);
+      rec["rounds_fwd_ms"] = fa, against["rounds_fwd_ms"] = fb;
+      if (p.backward) rec["rounds_bwd_ms"] = ba, against["rounds_bwd_ms"] = bb;
       rec["against"] = against;
     }
   }
