@@ -213,14 +213,22 @@ int run_stage(const Stage& s, CommonOptions& o) {
     if (o.bench_against.empty()) {
       report("", time_runner(*runner, s, p.backward), rec);
     } else {
-      // Two runners on the same inputs, timed in alternating rounds, so that clock and thermal drift
-      // during the run falls on both alike; each side's time is the median of its round medians.
-      auto other = s.make(p, in, o.bench_against);
+      // The two variants on the same inputs, timed in alternating rounds (A B, B A, A B), so that clock and
+      // thermal drift falls on both alike; each side's time is the median of its round medians. Only one
+      // runner exists at a time: measured on the H100, where the device buffers sit changes a kernel's
+      // time by up to 6% (a second runner allocated beside the first was slower running the same kernel),
+      // and a runner built after the last one was freed can reuse its memory.
+      runner.reset();
       constexpr int kRounds = 3;
       std::vector<double> fa, ba, fb, bb;
+      auto time_one = [&](const std::string& v, std::vector<double>& f, std::vector<double>& b) {
+        auto r = s.make(p, in, v);
+        const Timing t = time_runner(*r, s, p.backward);
+        f.push_back(t.fwd_ms), b.push_back(t.bwd_ms);
+      };
       for (int r = 0; r < kRounds; ++r) {
-        const Timing a = time_runner(*runner, s, p.backward), b = time_runner(*other, s, p.backward);
-        fa.push_back(a.fwd_ms), ba.push_back(a.bwd_ms), fb.push_back(b.fwd_ms), bb.push_back(b.bwd_ms);
+        if (r % 2 == 0) time_one(variant, fa, ba), time_one(o.bench_against, fb, bb);
+        else time_one(o.bench_against, fb, bb), time_one(variant, fa, ba);
       }
       report("", {median(fa), median(ba), kRounds}, rec);
       nlohmann::json against = {{"variant", o.bench_against}};
