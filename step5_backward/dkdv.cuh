@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   uint64_t* kv_full = bars;              // K and V tiles landed
   uint64_t* full = bars + 1;             // [kStages] Q and dO tiles landed
   uint64_t* empty = bars + 1 + kStages;  // [kStages] every warp is done reading them
+  uint64_t* ds_ready = bars + 1 + 2 * kStages;  // [2] (atomic) every warp's dS^T rows are in sdS buffer 0 / 1
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -152,6 +153,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       ptx::mbar_init(&full[s], 1);
       ptx::mbar_init(&empty[s], Tr::kWarps);
     }
+    if constexpr (Tr::kAtomicDq)
+      for (int s = 0; s < 2; ++s) ptx::mbar_init(&ds_ready[s], Tr::kWarps);
     ptx::fence_barrier_init();
   }
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
@@ -233,15 +236,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     else
       elementwise(std::false_type{});
 
-    // dV += Pd^T dO and dK += dS^T Q: A = the accumulators repacked (k = query), B = dO (Q) rows with
-    // k = query, read with ldmatrix.trans: step 4's O += P V. The atomic variant also parks dS^T in sdS.
+    // Atomic variant: park this warp's dS^T rows in sdS and announce them, then do the dV and dK products
+    // below before waiting for the other warps' rows: a split barrier (arrive now, wait later), so a warp
+    // that arrives early spends the wait on tensor-core work instead of idling at a __syncthreads.
     T* ds_buf = sdS + (it & 1) * Bc * Tr::kDsPitch;
+    if constexpr (Tr::kAtomicDq) {
+#pragma unroll
+      for (int kk = 0; kk < Bq / 16; ++kk) {
+        uint32_t dsa[4];
+        acc_to_a<T>(dsa, dp, kk);
+        store_a<Tr::kDsPitch>(ds_buf, dsa, 16 * warp, 16 * kk);
+      }
+      __syncwarp();  // every lane's rows are stored before lane 0 arrives (arrive releases the warp's writes)
+      if (lane == 0) ptx::mbar_arrive(&ds_ready[it & 1]);
+    }
+
+    // dV += Pd^T dO and dK += dS^T Q: A = the accumulators repacked (k = query), B = dO (Q) rows with
+    // k = query, read with ldmatrix.trans: step 4's O += P V.
 #pragma unroll
     for (int kk = 0; kk < Bq / 16; ++kk) {
       uint32_t pa[4], dsa[4];
       acc_to_a<T>(pa, s, kk);
       acc_to_a<T>(dsa, dp, kk);
-      if constexpr (Tr::kAtomicDq) store_a<Tr::kDsPitch>(ds_buf, dsa, 16 * warp, 16 * kk);
 #pragma unroll
       for (int np = 0; np < kDTiles / 2; ++np) {
         uint32_t b4[4];
@@ -257,10 +273,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (lane == 0) ptx::mbar_arrive(&empty[stage]);  // ... before the warp releases it to the producer
 
     if constexpr (Tr::kAtomicDq) {
-      // Every warp's dS^T rows are in ds_buf before any warp reads the others' keys. One barrier per
-      // iteration is enough because the buffers alternate: ds_buf is written again at iteration it + 2,
-      // after the barrier of it + 1, which no warp passes before it has finished reading it here.
-      __syncthreads();
+      // Every warp's dS^T rows are in ds_buf (the wait acquires what their arrivals released) before any
+      // warp reads the others' keys. Buffer it & 1 is used by iterations it, it + 2, ...: phase (it / 2) & 1.
+      // Two buffers are enough: a warp writes ds_buf again at iteration it + 2 only after its wait at
+      // it + 1, which needs every warp's arrival at it + 1, which each makes after its reads here.
+      ptx::mbar_wait(&ds_ready[it & 1], uint32_t(it >> 1) & 1);
       add_dq<Tr>(bp.dq_accum + (row_off + q0) * D, ds_buf, k_base, q0, p.Nq);
     }
   }

@@ -39,7 +39,8 @@ struct DkDvTraits {
 
   static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
   static constexpr size_t kQBytes = size_t(Bq) * D * sizeof(T);   // one Q (or dO) tile of the ring
-  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages);  // kv_full, full[stages], empty[stages]
+  // kv_full, full[stages], empty[stages] and, for atomic dQ, ds_ready[2] (one per dS buffer)
+  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages + (kAtomicDq ? 2 : 0));
 
   // Atomic dQ: dS^T [Bc keys, Bq queries] 16-bit, two buffers (one barrier per iteration, see dkdv.cuh).
   // Rows are padded by 8 elements (16 bytes): the 32-bit stores of a C fragment and the 8 rows of an
