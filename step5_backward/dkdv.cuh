@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   uint64_t* kv_full = bars;              // K and V tiles landed
   uint64_t* full = bars + 1;             // [kStages] Q and dO tiles landed
   uint64_t* empty = bars + 1 + kStages;  // [kStages] every warp is done reading them
-  uint64_t* ds_ready = bars + 1 + 2 * kStages;  // [2] (atomic) every warp's dS^T rows are in sdS buffer 0 / 1
+  uint64_t* ds_ready = bars + 1 + 2 * kStages;  // [2] (atomic) every thread has stored its dS^T values in sdS buffer 0 / 1
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       ptx::mbar_init(&empty[s], Tr::kWarps);
     }
     if constexpr (Tr::kAtomicDq)
-      for (int s = 0; s < 2; ++s) ptx::mbar_init(&ds_ready[s], Tr::kWarps);
+      for (int s = 0; s < 2; ++s) ptx::mbar_init(&ds_ready[s], Tr::kThreads);
     ptx::fence_barrier_init();
   }
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
@@ -247,8 +247,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         acc_to_a<T>(dsa, dp, kk);
         store_a<Tr::kDsPitch>(ds_buf, dsa, 16 * warp, 16 * kk);
       }
-      __syncwarp();  // every lane's rows are stored before lane 0 arrives (arrive releases the warp's writes)
-      if (lane == 0) ptx::mbar_arrive(&ds_ready[it & 1]);
+      ptx::mbar_arrive(&ds_ready[it & 1]);  // every thread: its arrival releases its own stores (and reads)
     }
 
     // dV += Pd^T dO and dK += dS^T Q: A = the accumulators repacked (k = query), B = dO (Q) rows with
@@ -273,10 +272,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (lane == 0) ptx::mbar_arrive(&empty[stage]);  // ... before the warp releases it to the producer
 
     if constexpr (Tr::kAtomicDq) {
-      // Every warp's dS^T rows are in ds_buf (the wait acquires what their arrivals released) before any
-      // warp reads the others' keys. Buffer it & 1 is used by iterations it, it + 2, ...: phase (it / 2) & 1.
-      // Two buffers are enough: a warp writes ds_buf again at iteration it + 2 only after its wait at
-      // it + 1, which needs every warp's arrival at it + 1, which each makes after its reads here.
+      // Every thread's dS^T values are in ds_buf (the wait acquires what their arrivals released) before
+      // any warp reads the others' keys. Buffer it & 1 serves iterations it, it + 2, ...: phase (it / 2) & 1.
+      // Two buffers are enough: a thread writes ds_buf again at iteration it + 2 only after its wait at
+      // it + 1, which needs every thread's arrival at it + 1, which each makes after its reads here.
       ptx::mbar_wait(&ds_ready[it & 1], uint32_t(it >> 1) & 1);
       add_dq<Tr>(bp.dq_accum + (row_off + q0) * D, ds_buf, k_base, q0, p.Nq);
     }
