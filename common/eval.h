@@ -23,7 +23,7 @@ struct CheckReport {
 // Compares `got` with step 1 in fp64 under the tolerance rule (baseline: step 1 in the problem's dtype).
 CheckReport check_against_reference(const Problem& p, const Inputs& in, const Outputs& got);
 
-double median(std::vector<double> v);  // of a non-empty list
+double median(std::vector<double> v);  // the upper median; 0 for an empty list
 
 struct Timing {
   double fwd_ms = 0, bwd_ms = 0;

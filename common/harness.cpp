@@ -222,8 +222,8 @@ int run_stage(const Stage& s, CommonOptions& o) {
       constexpr int kRounds = 3;
       std::vector<double> fa, ba, fb, bb;
       auto time_one = [&](const std::string& v, std::vector<double>& f, std::vector<double>& b) {
-        auto r = s.make(p, in, v);
-        const Timing t = time_runner(*r, s, p.backward);
+        const auto one = s.make(p, in, v);
+        const Timing t = time_runner(*one, s, p.backward);
         f.push_back(t.fwd_ms), b.push_back(t.bwd_ms);
       };
       for (int r = 0; r < kRounds; ++r) {
