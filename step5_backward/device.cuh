@@ -1,7 +1,8 @@
 // FlashAttention, step by step — step 5: what both backward kernels share (step5_backward/device.cuh)
 //
 // The parameter block, the addressing of swizzled tiles for the three ldmatrix patterns, the
-// accumulator-to-A-fragment repacking, and the dropout multiplier Z of one element.
+// accumulator-to-A-fragment repacking, the dropout multiplier Z of one element, and the schedule and Q/dO
+// ring of a block that owns a tile of keys (the dK/dV and atomic kernels).
 //
 // Operand conventions of mma.sync.m16n8k16 (common/ptx.h): A is [16 rows, k16] row-major, B is [k16, n8].
 // A tile in shared memory is [rows, D] (rows = tokens, D = head dim), stored as D / 64 swizzled panels of
@@ -10,6 +11,8 @@
 //   load_b        B fragments, n = tile rows, k = head dim (no .trans)   (K in step 4's S = Q K^T)
 //   load_b_trans  B fragments, k = tile rows, n = head dim (.trans)      (V in step 4's O += P V)
 #pragma once
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "common/dropout.h"
@@ -95,20 +98,101 @@ __device__ __forceinline__ bool tile_needs_mask(const AttnParams& p, int q0, int
   return q0 + rows > p.Nq || k0 + cols > p.Nk || (p.causal && int64_t(k0) + cols - 1 > p.input_pos + q0);
 }
 
-// Stores a warp's [16, D] fp32 accumulator tile (rows row0 + g, row0 + g + 8; columns 8nd + 2t, +1),
-// times `mul`, as 16-bit pairs into the [N, D] matrix `out`; rows >= N are skipped. Every element of the
-// tile is written by exactly one thread: no atomics, the same bits every run.
-template <typename T, int D>
-__device__ __forceinline__ void store_rows(T* out, const float (&acc)[D / 8][4], int64_t row0, int64_t N, float mul) {
+// Stores a warp's [16, 8 NT] fp32 accumulator tile (rows row0 + g, row0 + g + 8; columns col0 + 8nd + 2t,
+// +1), times `mul`, as 16-bit pairs into the [N, D] matrix `out`; rows >= N are skipped. Every element of
+// the tile is written by exactly one thread: no atomics, the same bits every run.
+template <typename T, int D, int NT>
+__device__ __forceinline__ void store_rows(T* out, const float (&acc)[NT][4], int64_t row0, int64_t N, float mul,
+                                           int col0 = 0) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + g + 8 * r;
     if (row >= N) continue;
-    uint32_t* dst = reinterpret_cast<uint32_t*>(out + row * D + 2 * t);
+    uint32_t* dst = reinterpret_cast<uint32_t*>(out + row * D + col0 + 2 * t);
 #pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd) dst[nd * 4] = ptx::pack2<T>(acc[nd][2 * r] * mul, acc[nd][2 * r + 1] * mul);
+    for (int nd = 0; nd < NT; ++nd) dst[nd * 4] = ptx::pack2<T>(acc[nd][2 * r] * mul, acc[nd][2 * r + 1] * mul);
   }
 }
+
+// The work of a block that owns the Bc keys k0 .. k0 + Bc - 1 of one KV head (the dK/dV kernel, the atomic
+// kernel). Key tiles of one head are neighbours in the grid. The block visits the query tiles of Bq rows
+// that see its keys, for every query head of its GQA group: all of them, or (causal) those from the first
+// row whose diagonal reaches key k0 (row i sees key j iff j <= input_pos + i). Iteration `it` is query
+// tile q0(it) / Bq of query head head(it).
+struct KeyBlockWork {
+  int b, hkv, bh_kv, k0;           // batch, KV head, their flat index, first key
+  int m_first, per_head, n_iter;  // first query tile, tiles per query head, iterations in all
+  int group, Bq;
+
+  __device__ KeyBlockWork(const AttnParams& p, int Bc, int Bq_) : group(p.group), Bq(Bq_) {
+    const int num_n = (p.Nk + Bc - 1) / Bc;
+    bh_kv = blockIdx.x / num_n;
+    hkv = bh_kv % p.Hkv;
+    b = bh_kv / p.Hkv;
+    k0 = (blockIdx.x % num_n) * Bc;
+    const int num_m = (p.Nq + Bq - 1) / Bq;
+    m_first = 0;
+    if (p.causal) {
+      const int64_t first_row = max(int64_t(0), int64_t(k0) - p.input_pos);
+      m_first = first_row >= p.Nq ? num_m : int(first_row / Bq);
+    }
+    per_head = num_m - m_first;
+    n_iter = per_head * group;
+  }
+  __device__ int head(int it) const { return hkv * group + it / per_head; }   // query head of iteration it
+  __device__ int q0(int it) const { return (m_first + it % per_head) * Bq; }  // its first query row
+};
+
+// The Q/dO ring of a key block: kStages slots of a Q tile and a dO tile ([kPanels][Bq, 64] each), a `full`
+// barrier per slot (TMA's bytes landed) and an `empty` one (every warp is done reading, count kWarps).
+// One thread, the producer, issues every copy: iteration it's tiles go into slot it % kStages.
+template <class Tr>
+struct QdoRing {
+  using T = typename Tr::T;
+  static constexpr int kStages = Tr::kStages;
+  T* sQ;                // [kStages][kPanels][Bq, 64]
+  T* sdO;               // [kStages][kPanels][Bq, 64]
+  uint64_t* full;       // [kStages]
+  uint64_t* empty;      // [kStages]
+  const CUtensorMap* tm_q;
+  const CUtensorMap* tm_do;
+
+  __device__ T* q(int it) const { return sQ + (it % kStages) * Tr::kPanels * Tr::Bq * 64; }
+  __device__ T* dout(int it) const { return sdO + (it % kStages) * Tr::kPanels * Tr::Bq * 64; }
+  // Phase parity of the use of slot it % kStages by iteration it (one completion per use).
+  __device__ static uint32_t parity(int it) { return uint32_t(it / kStages) & 1; }
+
+  __device__ void init() const {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&empty[s], Tr::kWarps);
+    }
+  }
+  __device__ void load(const KeyBlockWork& w, int Hq, int it) const {
+    uint64_t* bar = &full[it % kStages];
+    const int bh_q = w.b * Hq + w.head(it), q0 = w.q0(it);
+    ptx::mbar_arrive_expect_tx(bar, 2 * Tr::kQBytes);
+#pragma unroll
+    for (int c = 0; c < Tr::kPanels; ++c) {
+      ptx::tma_load_3d(q(it) + c * Tr::Bq * 64, tm_q, c * 64, q0, bh_q, bar);
+      ptx::tma_load_3d(dout(it) + c * Tr::Bq * 64, tm_do, c * 64, q0, bh_q, bar);
+    }
+  }
+  // The producer, in iteration n >= 1: tiles of iteration n + kStages - 1 into the slot of iteration n - 1,
+  // once every warp has released it (at the end of its iteration n - 1).
+  __device__ void refill(const KeyBlockWork& w, int Hq, int n) const {
+    if (threadIdx.x == 0 && n >= 1 && n + kStages - 1 < w.n_iter) {
+      ptx::mbar_wait(&empty[(n - 1) % kStages], parity(n - 1));
+      load(w, Hq, n + kStages - 1);
+    }
+  }
+  __device__ void wait(int it) const { ptx::mbar_wait(&full[it % kStages], parity(it)); }
+  // Every lane's ldmatrix reads of the slot are done (__syncwarp) before one lane releases it for the warp.
+  __device__ void release(int it) const {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&empty[it % kStages]);
+  }
+};
 
 }  // namespace fa::step5

@@ -12,6 +12,7 @@
 #include "common/gpu_types.h"
 #include "common/tma.h"
 #include "configs.h"
+#include "atomic.cuh"
 #include "dkdv.cuh"
 #include "dq.cuh"
 #include "preprocess.cuh"
@@ -62,8 +63,6 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
   const CUtensorMap kv_k = make_tensor_map_bhnd(a.k, p.dtype, BHkv, p.Nk, D, KV::Bc);
   const CUtensorMap kv_v = make_tensor_map_bhnd(a.v, p.dtype, BHkv, p.Nk, D, KV::Bc);
   const bool drop = a.dropout.threshold != 0;
-  auto dkdv = drop ? dkdv_kernel<KV, true> : dkdv_kernel<KV, false>;
-  allow_smem(dkdv, KV::kSmemBytes);
 
   const int64_t rows = BHq * p.Nq;
   const unsigned pre_blocks = grid_size((rows + kPreprocessWarps - 1) / kPreprocessWarps);
@@ -76,15 +75,19 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
   if constexpr (Cfg::kAtomic) {
     const int64_t elems = rows * D;
     const unsigned cvt_blocks = grid_size((elems / 2 + kConvertThreads - 1) / kConvertThreads);
+    auto kernel = drop ? atomic_kernel<KV, true> : atomic_kernel<KV, false>;
+    allow_smem(kernel, KV::kSmemBytes);
     return [=] {
       preprocess();
       CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, size_t(elems) * sizeof(float)));  // atomics add into zeros
-      dkdv<<<kv_blocks, KV::kThreads, KV::kSmemBytes>>>(kv_q, kv_do, kv_k, kv_v, bp);
+      kernel<<<kv_blocks, KV::kThreads, KV::kSmemBytes>>>(kv_q, kv_do, kv_k, kv_v, bp);
       CUDA_CHECK_LAUNCH();
       convert_dq_kernel<T><<<cvt_blocks, kConvertThreads>>>(bp.dq_accum, static_cast<T*>(bp.dq), elems, a.scale);
       CUDA_CHECK_LAUNCH();
     };
   } else {
+    auto dkdv = drop ? dkdv_kernel<KV, true> : dkdv_kernel<KV, false>;
+    allow_smem(dkdv, KV::kSmemBytes);
     using DQ = typename Cfg::Dq;
     // dQ kernel: Q and dO in boxes of Br rows, K and V in boxes of Bc rows.
     const CUtensorMap dq_q = make_tensor_map_bhnd(a.q, p.dtype, BHq, p.Nq, D, DQ::Br);

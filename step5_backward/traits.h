@@ -1,16 +1,17 @@
 // FlashAttention, step by step — step 5: compile-time tile configuration of the backward kernels
 // (step5_backward/traits.h)
 //
-// Two kernels, two tile shapes (README.md, "the two-kernel split"):
-//   DkDvTraits  one block owns Bc = 16 x Warps keys of one KV head (each warp 16 keys: the m16 of the
-//               transposed products S^T = K Q^T and dP^T = V dO^T); Q and dO stream past in tiles of
-//               Bq query rows through a ring of Stages shared-memory slots. With AtomicDq (the "atomic"
-//               variant, FlashAttention 2's single kernel) it also adds dS K into an fp32 dQ through a
-//               double-buffered dS tile in shared memory.
-//   DqTraits    one block owns Br = 16 x Warps query rows of one query head (each warp 16 rows, Q and dO
-//               in registers, as Q in step 4); K and V stream past in tiles of Bc keys.
-// Every tile is stored as D / 64 panels of [rows, 64] 16-bit elements with the 128-byte swizzle (TMA
-// writes them, ldmatrix reads them), so each panel must be 1024-byte aligned: rows % 8 == 0.
+// Three kernels, three tile shapes (README.md, "the two-kernel split" and "the atomic variant"):
+//   DkDvTraits    one block owns Bc = 16 x Warps keys of one KV head (each warp 16 keys: the m16 of the
+//                 transposed products S^T = K Q^T and dP^T = V dO^T); Q and dO stream past in tiles of
+//                 Bq query rows through a ring of Stages shared-memory slots.
+//   DqTraits      one block owns Br = 16 x Warps query rows of one query head (each warp 16 rows, Q and dO
+//                 in registers, as Q in step 4); K and V stream past in tiles of Bc keys.
+//   AtomicTraits  FlashAttention 2's single kernel (the atomic variant): a block owns Bc keys as in the
+//                 dK/dV kernel, but its WarpsK x WarpsQ warps tile every product in two dimensions, and
+//                 P^T and dS^T pass through shared memory; it also adds dS K into an fp32 dQ.
+// Every Q/K/V/dO tile is stored as D / 64 panels of [rows, 64] 16-bit elements with the 128-byte swizzle
+// (TMA writes them, ldmatrix reads them), so each panel must be 1024-byte aligned: rows % 8 == 0.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -20,11 +21,11 @@ namespace fa::step5 {
 // Shared memory one block may use on sm_120 (RTX 50-series): 99 KB with the opt-in attribute.
 constexpr size_t kSm120SmemBytes = 99 * 1024;
 
-template <typename T_, int D_, int Warps_, int Bq_, int Stages_, bool AtomicDq_ = false>
+template <typename T_, int D_, int Warps_, int Bq_, int Stages_>
 struct DkDvTraits {
   using T = T_;
   static constexpr int D = D_, kWarps = Warps_, Bc = 16 * Warps_, Bq = Bq_, kStages = Stages_;
-  static constexpr bool kAtomicDq = AtomicDq_;
+  static constexpr bool kAtomicDq = false;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPanels = D / 64;
 
@@ -39,21 +40,10 @@ struct DkDvTraits {
 
   static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
   static constexpr size_t kQBytes = size_t(Bq) * D * sizeof(T);   // one Q (or dO) tile of the ring
-  // kv_full, full[stages], empty[stages] and, for atomic dQ, ds_ready[2] (one per dS buffer)
-  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages + (kAtomicDq ? 2 : 0));
-
-  // Atomic dQ: dS^T [Bc keys, Bq queries] 16-bit, two buffers (one barrier per iteration, see dkdv.cuh).
-  // Rows are padded by 8 elements (16 bytes): the 32-bit stores of a C fragment and the 8 rows of an
-  // ldmatrix.trans then fall in 8 different 16-byte bank groups.
-  static constexpr int kDsPitch = Bq + 8;
-  static constexpr size_t kDsBytes = kAtomicDq ? 2 * size_t(Bc) * kDsPitch * sizeof(T) : 0;
-  // dQ_i += dS K is [Bq, D] per iteration: warp w takes query m16-tile w % (Bq / 16) and kDqCols columns.
-  static constexpr int kDqCols = D * (Bq / 16) / kWarps;
-  static_assert(!kAtomicDq || (kWarps % (Bq / 16) == 0 && kDqCols % 16 == 0),
-                "the [Bq, D] dQ tile must split over the warps into m16 x (multiple of 16) column blocks");
+  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages);  // kv_full, full[stages], empty[stages]
 
   // 1024 bytes of slack align the dynamic shared base (16-byte aligned) to the panels' 1024 bytes.
-  static constexpr size_t kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + kDsBytes + kBarrierBytes;
+  static constexpr size_t kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + kBarrierBytes;
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
   static constexpr bool kFitsSm120 = kSmemBytes <= kSm120SmemBytes;
 };
@@ -79,6 +69,49 @@ struct DqTraits {
   static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages);  // q_full, full[stages], empty[stages]
   static constexpr size_t kSmemBytes = 1024 + 2 * kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
+  static constexpr bool kFitsSm120 = kSmemBytes <= kSm120SmemBytes;
+};
+
+// The atomic variant's kernel (atomic.cuh). Warp (wk, wq), wk < WarpsK, wq < WarpsQ, computes
+//   S^T, dP^T  [kWarpKeys = Bc / WarpsK keys,  kWarpQueries = Bq / WarpsQ queries]  rows 16 x kMK
+//   dV, dK     [kWarpKeys keys,                kWarpDkv = D / WarpsQ columns]
+//   dQ         [kWarpQueries queries,          kWarpDq = D / WarpsK columns]
+// so each operand tile is read by WarpsK or WarpsQ warps, not by all of them as in the dK/dV kernel.
+template <typename T_, int D_, int Bc_, int Bq_, int WarpsK_, int WarpsQ_, int Stages_>
+struct AtomicTraits {
+  using T = T_;
+  static constexpr int D = D_, Bc = Bc_, Bq = Bq_, kWarpsK = WarpsK_, kWarpsQ = WarpsQ_, kStages = Stages_;
+  static constexpr bool kAtomicDq = true;
+  static constexpr int kWarps = kWarpsK * kWarpsQ, kThreads = 32 * kWarps;
+  static constexpr int kPanels = D / 64;
+  static constexpr int kWarpKeys = Bc / kWarpsK, kWarpQueries = Bq / kWarpsQ;
+  static constexpr int kWarpDkv = D / kWarpsQ, kWarpDq = D / kWarpsK;
+
+  static_assert(sizeof(T) == 2, "tensor-core operands are bf16 or fp16");
+  static_assert(D == 64 || D == 128, "d is split into 64-column panels, the width of the 128-byte swizzle");
+  static_assert(Bc % kWarpsK == 0 && Bq % kWarpsQ == 0, "the warps split the keys and the queries evenly");
+  static_assert(kWarpKeys % 16 == 0, "a warp's keys are whole m16 tiles (rows of S^T, dV and dK)");
+  static_assert(kWarpQueries % 16 == 0,
+                "a warp's queries are whole m16 tiles of dQ and pairs of n8 tiles of S^T (one ldmatrix.x4)");
+  static_assert(kWarpDkv % 16 == 0 && kWarpDq % 16 == 0, "head-dim columns are read 16 at a time (ldmatrix.x4.trans)");
+  static_assert(Bc <= 256 && Bq <= 256, "a TMA box spans at most 256 rows");
+  static_assert(kStages >= 2 && kStages <= 4, "2 to 4 Q/dO stages: the producer refills a slot one step late");
+  // Per thread: dK and dV (2 x kWarpKeys x kWarpDkv / 32) + S^T and dP^T (2 x kWarpKeys x kWarpQueries / 32).
+  static constexpr int kFragRegs = 2 * kWarpKeys * kWarpDkv / 32 + 2 * kWarpKeys * kWarpQueries / 32;
+  static_assert(kFragRegs <= 200, "fragments alone would exceed the 255-register limit once addresses are added");
+
+  static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
+  static constexpr size_t kQBytes = size_t(Bq) * D * sizeof(T);   // one Q (or dO) tile of the ring
+  // P^T and dS^T: [Bc keys, Bq queries] 16-bit tiles, two P^T buffers and three dS^T buffers (atomic.cuh
+  // says why). Rows are padded by 8 elements (16 bytes): the 32-bit stores of a C fragment and the 8 rows
+  // of an ldmatrix (.trans or not) then fall in 8 different 16-byte bank groups.
+  static constexpr int kPitch = Bq + 8, kPBufs = 2, kDsBufs = 3;
+  static constexpr size_t kPBytes = size_t(Bc) * kPitch * sizeof(T);
+  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages + kDsBufs);  // kv_full, full, empty, ds_ready
+  static constexpr size_t kSmemBytes =
+      1024 + 2 * kKVBytes + 2 * kStages * kQBytes + (kPBufs + kDsBufs) * kPBytes + kBarrierBytes;
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
+  static_assert(kPBytes % 16 == 0, "ldmatrix rows and the barriers after the buffers stay aligned");
   static constexpr bool kFitsSm120 = kSmemBytes <= kSm120SmemBytes;
 };
 

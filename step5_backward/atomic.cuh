@@ -1,0 +1,299 @@
+// FlashAttention, step by step — step 5: FlashAttention 2's single backward kernel (step5_backward/atomic.cuh)
+//
+// What it adds over the dK/dV kernel (dkdv.cuh), two things:
+// 1. dQ in the same kernel. The block also adds its share of dQ into an fp32 buffer with atomics
+//    (FlashAttention-2, Algorithm 2, its last line), so S and dP are computed once: 5 matrix products
+//    instead of the deterministic variant's 7, at the price of a summation order that varies run to run.
+// 2. A two-dimensional warp layout. In dkdv.cuh each warp owns 16 keys for every product, so all warps
+//    read the whole Q and dO tile, twice: the kernel is bound by shared-memory bandwidth. Here warp
+//    (wk, wq) of a WarpsK x WarpsQ grid computes (traits.h, AtomicTraits)
+//      S^T, dP^T   kWarpKeys x kWarpQueries     (keys wk, queries wq)
+//      dV, dK      kWarpKeys x kWarpDkv         (keys wk, head-dim columns wq)
+//      dQ          kWarpQueries x kWarpDq       (queries wq, head-dim columns wk)
+//    With 4 x 2 warps, Bc = 128 and Bq = 64 at d = 128 every warp tile is 32 x 32 or 32 x 64, and a block
+//    reads about 9.5 KB of shared memory per query row instead of the dK/dV kernel's 13 (atomic variant
+//    before, docs/results/step5.md #9). The price: a warp's dV and dK need P^T and dS^T of its partner's
+//    queries, so both are parked in shared memory and a barrier separates their stores from those reads.
+// Paper equations (FlashAttention-2, Algorithm 2, the inner loop, transposed as in dkdv.cuh; i: query,
+// j: key; Z: the dropout multiplier, 0 or 1/(1-p)):
+//   S^T = K Q^T,  P^T_ji = exp(scale S^T_ji - LSE_i)          [Bc, Bq]  masked entries 0
+//   dP^T = (V dO^T) o Z^T,  dS^T_ji = P^T_ji (dP^T_ji - D_i)  [Bc, Bq]
+//   dV += (P^T o Z^T) dO,  dK += dS^T Q                       [Bc, d]   (dK times scale at the end)
+//   dQ_i += dS K                                              [Bq, d]   fp32 atomics (scale applied later)
+// Limits: d = 64 or 128, bf16/fp16; the sm_90 tiles (218 KB of shared memory at d = 128) do not fit
+// sm_120's 99 KB, which takes smaller tiles (configs.h).
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "common/problem.h"
+#include "device.cuh"
+
+namespace fa::step5 {
+
+// grid = ceil(Nk / Bc) * Hkv * B, block = 32 * WarpsK * WarpsQ threads, dynamic shared memory Tr::kSmemBytes.
+template <class Tr, bool kDropout>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    atomic_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
+                  const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
+  using T = typename Tr::T;
+  constexpr int D = Tr::D, Bc = Tr::Bc, Bq = Tr::Bq, kStages = Tr::kStages, kPanels = Tr::kPanels, kPitch = Tr::kPitch;
+  constexpr int kMK = Tr::kWarpKeys / 16;     // m16 tiles of keys per warp      (S^T, dP^T, dV, dK)
+  constexpr int kNQ = Tr::kWarpQueries / 8;   // n8 tiles of queries per warp    (S^T, dP^T)
+  constexpr int kND = Tr::kWarpDkv / 8;       // n8 tiles of head dim per warp   (dV, dK)
+  constexpr int kMQ = Tr::kWarpQueries / 16;  // m16 tiles of queries per warp   (dQ)
+  constexpr int kNDq = Tr::kWarpDq / 8;       // n8 tiles of head dim per warp   (dQ)
+  constexpr uint32_t kQBytes = Tr::kQBytes, kKVBytes = Tr::kKVBytes;
+  const AttnParams& p = bp.a;
+
+  // ---- shared memory: [K | V | Q stages | dO stages | P^T x 2 | dS^T x 3 | barriers] -------------------
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  T* sK = reinterpret_cast<T*>(smem);                                       // [kPanels][Bc, 64]
+  T* sV = reinterpret_cast<T*>(smem + kKVBytes);                            // [kPanels][Bc, 64]
+  T* sP = reinterpret_cast<T*>(smem + 2 * kKVBytes + 2 * kStages * kQBytes);  // [2][Bc, kPitch]
+  T* sdS = sP + Tr::kPBufs * Bc * kPitch;                                   // [3][Bc, kPitch]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sdS + Tr::kDsBufs * Bc * kPitch);
+  uint64_t* kv_full = bars;                         // K and V tiles landed
+  uint64_t* ds_ready = bars + 1 + 2 * kStages;      // [3] every thread has stored its P^T and dS^T values
+  const QdoRing<Tr> ring{reinterpret_cast<T*>(smem + 2 * kKVBytes),                      // Q stages
+                         reinterpret_cast<T*>(smem + 2 * kKVBytes + kStages * kQBytes),  // dO stages
+                         bars + 1, bars + 1 + kStages, &tm_q, &tm_do};
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wk = warp % Tr::kWarpsK, wq = warp / Tr::kWarpsK;
+  const int key0 = wk * Tr::kWarpKeys;     // this warp's first key (in the tile): S^T, dP^T, dV, dK rows
+  const int qry0 = wq * Tr::kWarpQueries;  // its first query (in the step's tile): S^T columns, dQ rows
+  const int dkv0 = wq * Tr::kWarpDkv;      // its first head-dim column of dV and dK
+  const int dq0 = wk * Tr::kWarpDq;        // its first head-dim column of dQ
+  const KeyBlockWork w(p, Bc, Bq);         // which keys, which query tiles (device.cuh)
+
+  // ---- prologue: barriers, then K, V and the first kStages Q/dO tiles in flight ------------------------
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(kv_full, 1);
+    ring.init();
+    for (int s = 0; s < Tr::kDsBufs; ++s) ptx::mbar_init(&ds_ready[s], Tr::kThreads);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
+  if (threadIdx.x == 0) {
+    ptx::mbar_arrive_expect_tx(kv_full, 2 * kKVBytes);
+#pragma unroll
+    for (int c = 0; c < kPanels; ++c) {
+      ptx::tma_load_3d(sK + c * Bc * 64, &tm_k, c * 64, w.k0, w.bh_kv, kv_full);
+      ptx::tma_load_3d(sV + c * Bc * 64, &tm_v, c * 64, w.k0, w.bh_kv, kv_full);
+    }
+    for (int n = 0; n < kStages && n < w.n_iter; ++n) ring.load(w, p.Hq, n);
+  }
+  ptx::mbar_wait(kv_full, 0);  // K and V have landed (read for the whole kernel, never overwritten)
+  const uint32_t k_base = ptx::smem_u32(sK), v_base = ptx::smem_u32(sV);
+
+  // dQ_i += dS K for the queries of iteration `it`: [kWarpQueries, kWarpDq] per warp, k = the Bc keys.
+  // A = dS, read transposed out of the stored dS^T [keys, queries]; B = K rows (k = keys), as in dq.cuh.
+  // The sums go into dq_accum with 8-byte atomics: blocks of other key tiles add into the same rows.
+  auto add_dq = [&](int it) {
+    const uint32_t ds_base = ptx::smem_u32(sdS + (it % Tr::kDsBufs) * Bc * kPitch);
+    float acc[kMQ][kNDq][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+      uint32_t a[kMQ][4];
+#pragma unroll
+      for (int mq = 0; mq < kMQ; ++mq) {
+        // Matrix m = lane / 8: keys 16kk + 8 (m / 2), queries 16mq + 8 (m % 2) of the warp's, transposed.
+        const int key = 16 * kk + (lane & 7) + 8 * (lane >> 4), query = qry0 + 16 * mq + 8 * ((lane >> 3) & 1);
+        ptx::ldmatrix_x4_trans(a[mq], ds_base + uint32_t(key * kPitch + query) * sizeof(T));
+      }
+#pragma unroll
+      for (int np = 0; np < kNDq / 2; ++np) {
+        uint32_t b4[4];
+        load_b_trans<Bc>(b4, k_base, kk, dq0 + 16 * np);
+#pragma unroll
+        for (int mq = 0; mq < kMQ; ++mq) {
+          ptx::mma_16816<T>(acc[mq][2 * np], a[mq], {b4[0], b4[1]});
+          ptx::mma_16816<T>(acc[mq][2 * np + 1], a[mq], {b4[2], b4[3]});
+        }
+      }
+    }
+    const int q0 = w.q0(it);
+    float* dq_rows = bp.dq_accum + ((int64_t(w.b) * p.Hq + w.head(it)) * p.Nq + q0) * D;  // [Bq, D] of head h
+#pragma unroll
+    for (int mq = 0; mq < kMQ; ++mq)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = qry0 + 16 * mq + g + 8 * r;
+        if (q0 + row >= p.Nq) continue;  // zero-filled rows past the end of Q: nothing to add, nowhere to add it
+#pragma unroll
+        for (int nd = 0; nd < kNDq; ++nd)
+          atomicAdd(reinterpret_cast<float2*>(dq_rows + row * D + dq0 + 8 * nd + 2 * t),
+                    make_float2(acc[mq][nd][2 * r], acc[mq][nd][2 * r + 1]));
+      }
+  };
+
+  float dk[kMK][kND][4] = {}, dv[kMK][kND][4] = {};  // rows: keys key0 + 16mi + g (+8); columns dkv0 + 8nd + 2t
+  for (int it = 0; it < w.n_iter; ++it) {
+    const int h = w.head(it), q0 = w.q0(it);
+    const int64_t row_off = (int64_t(w.b) * p.Hq + h) * p.Nq;  // LSE and D of head h start here
+    const uint32_t q_base = ptx::smem_u32(ring.q(it)), do_base = ptx::smem_u32(ring.dout(it));
+
+    // LSE (log2 units) and D of this thread's query columns q0 + qry0 + 8nt + 2t + c, loaded first so that
+    // their latency hides behind the products below.
+    float lse2[kNQ][2], d_i[kNQ][2];
+#pragma unroll
+    for (int nt = 0; nt < kNQ; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int i = q0 + qry0 + nt * 8 + 2 * t + c;
+        lse2[nt][c] = i < p.Nq ? p.lse[row_off + i] * kLog2e : 0.0f;
+        d_i[nt][c] = i < p.Nq ? bp.dsum[row_off + i] : 0.0f;
+      }
+
+    // S^T = K Q^T: [kWarpKeys, kWarpQueries] per warp. A = the warp's K rows, B = its Q rows with k = head
+    // dim; each A fragment serves kNQ products, each B fragment kMK.
+    float s[kMK][kNQ][4] = {};
+    ring.wait(it);  // Q and dO tiles of iteration it have landed
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ka[kMK][4];
+#pragma unroll
+      for (int mi = 0; mi < kMK; ++mi) load_a<Bc>(ka[mi], k_base, key0 + 16 * mi, kk);
+#pragma unroll
+      for (int np = 0; np < kNQ / 2; ++np) {
+        uint32_t qb[4];
+        load_b<Bq>(qb, q_base, qry0 + 16 * np, kk);
+#pragma unroll
+        for (int mi = 0; mi < kMK; ++mi) {
+          ptx::mma_16816<T>(s[mi][2 * np], ka[mi], {qb[0], qb[1]});
+          ptx::mma_16816<T>(s[mi][2 * np + 1], ka[mi], {qb[2], qb[3]});
+        }
+      }
+    }
+
+    // P^T, in place of S^T: s[mi][nt][e] is key k0 + key0 + 16mi + g + 8 (e / 2), query
+    // q0 + qry0 + 8nt + 2t + e % 2. Masked entries (causal, beyond Nq or Nk, rows that see no key with
+    // LSE = -inf) are selected to 0, never computed into a NaN; only tiles that cross an edge or the
+    // diagonal pay for that test (kMasked). Done before dP^T so that the LSEs die before dP^T's registers
+    // are live (this kernel sits at the 255-register limit).
+    auto probabilities = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+#pragma unroll
+      for (int mi = 0; mi < kMK; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < kNQ; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
+            const bool vis = !kMasked || (i < p.Nq && j < p.Nk && sees(p.causal, p.input_pos, i, j));
+            s[mi][nt][e] = vis ? ptx::exp2_approx(fmaf(s[mi][nt][e], p.scale_log2, -lse2[nt][e % 2])) : 0.0f;
+          }
+    };
+    if (tile_needs_mask(p, q0, Bq, w.k0, Bc))
+      probabilities(std::true_type{});
+    else
+      probabilities(std::false_type{});
+
+    // dPd^T = V dO^T: the same product with V and dO.
+    float dp[kMK][kNQ][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t va[kMK][4];
+#pragma unroll
+      for (int mi = 0; mi < kMK; ++mi) load_a<Bc>(va[mi], v_base, key0 + 16 * mi, kk);
+#pragma unroll
+      for (int np = 0; np < kNQ / 2; ++np) {
+        uint32_t dob[4];
+        load_b<Bq>(dob, do_base, qry0 + 16 * np, kk);
+#pragma unroll
+        for (int mi = 0; mi < kMK; ++mi) {
+          ptx::mma_16816<T>(dp[mi][2 * np], va[mi], {dob[0], dob[1]});
+          ptx::mma_16816<T>(dp[mi][2 * np + 1], va[mi], {dob[2], dob[3]});
+        }
+      }
+    }
+    ring.refill(w, p.Hq, it);  // after this warp's first products: the other warps are likely done with it - 1
+
+    // s becomes Pd^T = P^T Z^T and dp becomes dS^T = P^T (dPd^T Z^T - D) (masked entries have P = 0).
+#pragma unroll
+    for (int mi = 0; mi < kMK; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < kNQ; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
+          const float z = kDropout ? dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
+          const float pr = s[mi][nt][e];
+          s[mi][nt][e] = pr * z;
+          dp[mi][nt][e] = pr * (dp[mi][nt][e] * z - d_i[nt][e % 2]);
+        }
+
+    // Park Pd^T and dS^T in shared memory ([Bc, kPitch] tiles, 16-bit pairs straight from the C fragments),
+    // then announce them: every thread arrives on ds_ready after its own stores (release).
+    T* p_buf = sP + (it % Tr::kPBufs) * Bc * kPitch;
+    T* ds_buf = sdS + (it % Tr::kDsBufs) * Bc * kPitch;
+#pragma unroll
+    for (int mi = 0; mi < kMK; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < kNQ; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int off = (key0 + 16 * mi + g + 8 * r) * kPitch + qry0 + 8 * nt + 2 * t;
+          *reinterpret_cast<uint32_t*>(p_buf + off) = ptx::pack2<T>(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]);
+          *reinterpret_cast<uint32_t*>(ds_buf + off) = ptx::pack2<T>(dp[mi][nt][2 * r], dp[mi][nt][2 * r + 1]);
+        }
+    ptx::mbar_arrive(&ds_ready[it % Tr::kDsBufs]);
+
+    // A split barrier: between the arrival above and the wait below, the previous iteration's dQ (its dS^T
+    // is complete: every thread waited for it), so a warp that arrives early works instead of idling.
+    // Three dS^T buffers make that safe: buffer it % 3 is written again at iteration it + 3, after its
+    // writer's wait at it + 2, which needs every thread's arrival at it + 2, which each makes after its
+    // add_dq(it) (in iteration it + 1). P^T is read in its own iteration only: two buffers suffice.
+    if (it > 0) add_dq(it - 1);
+    ptx::mbar_wait(&ds_ready[it % Tr::kDsBufs], uint32_t(it / Tr::kDsBufs) & 1);
+
+    // dV += Pd^T dO and dK += dS^T Q: [kWarpKeys, kWarpDkv] per warp, k = the Bq queries. A = Pd^T (dS^T)
+    // rows of the warp's keys, ldmatrix from the padded tiles; B = dO (Q) rows with k = query (.trans).
+    const uint32_t p_base = ptx::smem_u32(p_buf), ds_base = ptx::smem_u32(ds_buf);
+#pragma unroll
+    for (int kk = 0; kk < Bq / 16; ++kk) {
+      uint32_t pa[kMK][4], dsa[kMK][4];
+#pragma unroll
+      for (int mi = 0; mi < kMK; ++mi) {
+        const uint32_t off = uint32_t((key0 + 16 * mi + (lane & 15)) * kPitch + 16 * kk + (lane >> 4) * 8) * sizeof(T);
+        ptx::ldmatrix_x4(pa[mi], p_base + off);
+        ptx::ldmatrix_x4(dsa[mi], ds_base + off);
+      }
+#pragma unroll
+      for (int np = 0; np < kND / 2; ++np) {
+        uint32_t b4[4];
+        load_b_trans<Bq>(b4, do_base, kk, dkv0 + 16 * np);
+#pragma unroll
+        for (int mi = 0; mi < kMK; ++mi) {
+          ptx::mma_16816<T>(dv[mi][2 * np], pa[mi], {b4[0], b4[1]});
+          ptx::mma_16816<T>(dv[mi][2 * np + 1], pa[mi], {b4[2], b4[3]});
+        }
+        load_b_trans<Bq>(b4, q_base, kk, dkv0 + 16 * np);
+#pragma unroll
+        for (int mi = 0; mi < kMK; ++mi) {
+          ptx::mma_16816<T>(dk[mi][2 * np], dsa[mi], {b4[0], b4[1]});
+          ptx::mma_16816<T>(dk[mi][2 * np + 1], dsa[mi], {b4[2], b4[3]});
+        }
+      }
+    }
+    ring.release(it);  // this warp is done with the Q and dO tiles of iteration it
+  }
+  // The last iteration's dQ: every thread passed its wait on that dS^T, so the tile is complete.
+  if (w.n_iter > 0) add_dq(w.n_iter - 1);
+
+  // ---- epilogue: every key row of the tile written once (zeros if no query sees it) ---------------------
+  const int64_t kv_off = int64_t(w.bh_kv) * p.Nk * D;
+#pragma unroll
+  for (int mi = 0; mi < kMK; ++mi) {
+    const int64_t row0 = w.k0 + key0 + 16 * mi;
+    store_rows<T, D>(static_cast<T*>(bp.dk) + kv_off, dk[mi], row0, p.Nk, p.scale, dkv0);
+    store_rows<T, D>(static_cast<T*>(bp.dv) + kv_off, dv[mi], row0, p.Nk, 1.0f, dkv0);
+  }
+}
+
+}  // namespace fa::step5
