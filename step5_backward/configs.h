@@ -45,29 +45,32 @@ struct Configs {
   using Det8 = BwdConfig<DkDvTraits<T, D, 8, kBq, 2>, DqTraits<T, D, 4, kBq, 2>>;
   // The dQ kernel with the other K/V tile width: 64 keys at d = 128 (255 registers), 32 at d = 64.
   using DetQ = BwdConfig<DkDvTraits<T, D, 4, kBq, 2>, DqTraits<T, D, 4, D == 64 ? 32 : 64, 2>>;
-  // Atomic (FlashAttention 2's single kernel, atomic.cuh): 4 x 2 warps over (keys x queries), 128 keys
-  // per block (Bc = 128 halves the dQ atomics of Bc = 64) and 64 queries per step at both head dims: warp
-  // tiles of 32 x 32 (S^T, dP^T, dQ) and 32 x D/2 (dV, dK). 218 KB of shared memory at d = 128: sm_90 only.
-  // AtomicSmall (64 keys, 32 queries per step, 91 KB) fits sm_120; Atomic2x4 is the transposed warp grid.
+  // Atomic (FlashAttention 2's single kernel, atomic.cuh): 128 keys per block (Bc = 128 halves the dQ
+  // atomics of Bc = 64), 64 queries per step, 8 warps in a 4 x 2 or 2 x 4 grid over (keys x queries):
+  // warp tiles of 32 x 32 or 64 x 16 (S^T, dP^T). 218 KB of shared memory at d = 128: sm_90 only.
+  // The 4-warp 2 x 2 grids (64 keys) fit two blocks per SM where their shared memory allows it (d = 64 with
+  // 64 queries per step, both head dims with 32), and the 32-query one fits sm_120's 99 KB.
   //                             T  D  Bc   Bq  WarpsK WarpsQ Stages
   using Atomic = BwdConfig<AtomicTraits<T, D, 128, 64, 4, 2, 2>>;
-  using AtomicSmall = BwdConfig<AtomicTraits<T, D, 64, 32, 4, 2, 2>>;
   using Atomic2x4 = BwdConfig<AtomicTraits<T, D, 128, 64, 2, 4, 2>>;
+  using AtomicPair = BwdConfig<AtomicTraits<T, D, 64, 64, 2, 2, 2>>;
+  using AtomicSmall = BwdConfig<AtomicTraits<T, D, 64, 32, 2, 2, 2>>;
 
   // d = 128: the 64-key dQ tiles won at every point of the step 6 sweep (+1.5 to +4%, step5.md).
   using Deterministic = std::conditional_t<D == 128, DetQ, Det4>;
-  using AtomicSm90 = Atomic;
+  using AtomicSm90 = Atomic2x4;
   using AtomicSm120 = std::conditional_t<Atomic::kSmemBytes <= kSm120SmemBytes, Atomic, AtomicSmall>;
   static_assert(Deterministic::kSmemBytes <= kSm120SmemBytes && AtomicSm120::kSmemBytes <= kSm120SmemBytes,
                 "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
   // Every configuration --variant can name (step 6 sweeps them).
-  using All = ConfigList<Det4, Det4S3, Det8, DetQ, Atomic, AtomicSmall, Atomic2x4>;
+  using All = ConfigList<Det4, Det4S3, Det8, DetQ, Atomic, Atomic2x4, AtomicPair, AtomicSmall>;
 };
 
 // X(T, D, Name) for each configuration of Configs<T, D>::All, in the same order: the instances_*.cu files
 // compile their kernels with it (a name missing here fails at link time, not silently).
 #define FA_STEP5_FOR_EACH_CONFIG(X, T, D) \
-  X(T, D, Det4) X(T, D, Det4S3) X(T, D, Det8) X(T, D, DetQ) X(T, D, Atomic) X(T, D, AtomicSmall) X(T, D, Atomic2x4)
+  X(T, D, Det4) X(T, D, Det4S3) X(T, D, Det8) X(T, D, DetQ) X(T, D, Atomic) X(T, D, Atomic2x4) X(T, D, AtomicPair) \
+      X(T, D, AtomicSmall)
 
 template <class Cfg>
 std::string config_name() {
