@@ -46,6 +46,9 @@ struct Stage {
   std::vector<std::string> variants;  // selectable with --variant; the first is the default; all are tested
   // Further configurations --variant accepts (tile sizes, stages, ...): what step 6's autotuner sweeps.
   std::vector<std::string> tuning_variants;
+  // Why the autotuner must not pick tuning variant `config` in place of the default although it may run
+  // (e.g. it changes what the default guarantees), or "" when it may; unset: every one may.
+  std::function<std::string(const std::string& config)> tuning_exclusion;
   // Per block: shared memory (bytes) and threads of a variant on problem p. Step 6 filters on these
   // against the device's limits before timing anything.
   struct LaunchShape {

@@ -20,7 +20,7 @@
 //   dP^T = (V dO^T) o Z^T,  dS^T_ji = P^T_ji (dP^T_ji - D_i)  [Bc, Bq]
 //   dV += (P^T o Z^T) dO,  dK += dS^T Q                       [Bc, d]   (dK times scale at the end)
 //   dQ_i += dS K                                              [Bq, d]   fp32 atomics (scale applied later)
-// Limits: d = 64 or 128, bf16/fp16; the sm_90 tiles (218 KB of shared memory at d = 128) do not fit
+// Limits: d = 64 or 128, bf16/fp16; the sm_90 tiles (219 KB of shared memory at d = 128) do not fit
 // sm_120's 99 KB, which takes smaller tiles (configs.h).
 #pragma once
 #include <cuda.h>

@@ -47,7 +47,7 @@ struct Configs {
   using DetQ = BwdConfig<DkDvTraits<T, D, 4, kBq, 2>, DqTraits<T, D, 4, D == 64 ? 32 : 64, 2>>;
   // Atomic (FlashAttention 2's single kernel, atomic.cuh): 128 keys per block (Bc = 128 halves the dQ
   // atomics of Bc = 64), 64 queries per step, 8 warps in a 4 x 2 or 2 x 4 grid over (keys x queries):
-  // warp tiles of 32 x 32 or 64 x 16 (S^T, dP^T). 218 KB of shared memory at d = 128: sm_90 only.
+  // warp tiles of 32 x 32 or 64 x 16 (S^T, dP^T). 219 KB of shared memory at d = 128: sm_90 only.
   // The 4-warp 2 x 2 grids (64 keys) fit two blocks per SM where their shared memory allows it (d = 64 with
   // 64 queries per step, both head dims with 32), and the 32-query one fits sm_120's 99 KB.
   //                             T  D  Bc   Bq  WarpsK WarpsQ Stages

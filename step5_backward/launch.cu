@@ -131,6 +131,12 @@ Stage stage() {
   for (const std::string& n : config_names(Configs<__nv_bfloat16, 128>::All{}))
     if (std::find(s.tuning_variants.begin(), s.tuning_variants.end(), n) == s.tuning_variants.end())
       s.tuning_variants.push_back(n);
+  // The default is deterministic (two runs, same bits), and tuning must not trade that for speed: the
+  // atomic configurations (config_name ends their names in "-atomic") are no candidates for step 6.
+  s.tuning_exclusion = [](const std::string& config) {
+    const bool atomic = config.size() > 7 && config.substr(config.size() - 7) == "-atomic";
+    return atomic ? std::string("atomic dQ: results vary from run to run, the default is deterministic") : std::string();
+  };
   s.default_config = [](const Problem& p) {
     std::string name;
     with_problem_config(p, "deterministic", [&](auto cfg) { name = config_name<decltype(cfg)>(); });

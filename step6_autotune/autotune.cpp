@@ -43,7 +43,10 @@ std::vector<std::string> feasible_variants(const Stage& s, const Problem& p, con
       if (rejected) rejected->push_back(v + ": " + e.what());
       continue;
     }
-    if (shape.smem_bytes > dev.smem_optin)
+    const std::string excluded = s.tuning_exclusion ? s.tuning_exclusion(v) : "";
+    if (!excluded.empty())
+      why = excluded;
+    else if (shape.smem_bytes > dev.smem_optin)
       why = std::to_string(shape.smem_bytes) + " bytes of shared memory > the device's " + std::to_string(dev.smem_optin);
     else if (shape.threads > dev.max_threads)
       why = std::to_string(shape.threads) + " threads > the device's " + std::to_string(dev.max_threads);

@@ -53,10 +53,11 @@ TEST(Step6Filter, RejectsConfigsThatDoNotFitSm120) {
   }
 }
 
-// Step 5's list holds configs of both head dims (their Bq differs): the other head dim's are rejected with
-// that reason, and the atomic variant's sm_90 config (154 KB at d = 64, 218 KB at d = 128) does not fit an
-// RTX 50-series card.
-TEST(Step6Filter, RejectsBackwardConfigsThatDoNotFitSm120) {
+// Step 5's list holds configs of both head dims (the deterministic ones' Bq differs): the other head dim's
+// are rejected with that reason. The atomic configs are never candidates (the default is deterministic,
+// and tuning must not trade that away), whatever the device: on an RTX 50-series card the big one would
+// not fit anyway.
+TEST(Step6Filter, RejectsBackwardConfigsThatDoNotFitSm120OrAreNotDeterministic) {
   const Stage s = step5::stage();
   for (int64_t d : {64, 128}) {
     Problem p = problem(d, 1024);
@@ -66,10 +67,16 @@ TEST(Step6Filter, RejectsBackwardConfigsThatDoNotFitSm120) {
     EXPECT_EQ(ok.size() + rejected.size(), s.tuning_variants.size());
     for (const auto& v : ok) EXPECT_LE(s.launch_shape(p, v).smem_bytes, kFakeSm120.smem_optin) << v;
     EXPECT_NE(std::find(ok.begin(), ok.end(), s.default_config(p)), ok.end()) << "the default must fit sm_120";
-    const std::string big = "kv128x64-w4x2-S2-atomic";
-    EXPECT_EQ(std::find(ok.begin(), ok.end(), big), ok.end()) << big;
-    const auto on_h100 = step6::feasible_variants(s, p, kFakeH100);
-    EXPECT_NE(std::find(on_h100.begin(), on_h100.end(), big), on_h100.end()) << big;
+    for (const auto* dev : {&kFakeSm120, &kFakeH100}) {
+      std::vector<std::string> why;
+      const auto fit = step6::feasible_variants(s, p, *dev, &why);
+      for (const auto& v : fit) EXPECT_EQ(v.find("atomic"), std::string::npos) << v;
+      const auto it = std::find_if(why.begin(), why.end(), [](const std::string& w) {
+        return w.rfind("kv128x64-w2x4-S2-atomic:", 0) == 0;
+      });
+      ASSERT_NE(it, why.end());
+      EXPECT_NE(it->find("deterministic"), std::string::npos) << *it;
+    }
   }
 }
 
