@@ -11,8 +11,8 @@
 //      dV, dK      kWarpKeys x kWarpDkv         (keys wk, head-dim columns wq)
 //      dQ          kWarpQueries x kWarpDq       (queries wq, head-dim columns wk)
 //    With 4 x 2 warps, Bc = 128 and Bq = 64 at d = 128 every warp tile is 32 x 32 or 32 x 64, and a block
-//    reads about 9.5 KB of shared memory per query row instead of the dK/dV kernel's 13 (atomic variant
-//    before, docs/results/step5.md #9). The price: a warp's dV and dK need P^T and dS^T of its partner's
+//    reads about 9.5 KB of shared memory per query row instead of the dK/dV kernel's 13; the sm_90
+//    default, 2 x 4 warps, reads more and is still faster (docs/results/step5.md #9-10). The price: a warp's dV and dK need P^T and dS^T of its partner's
 //    queries, so both are parked in shared memory and a barrier separates their stores from those reads.
 // Paper equations (FlashAttention-2, Algorithm 2, the inner loop, transposed as in dkdv.cuh; i: query,
 // j: key; Z: the dropout multiplier, 0 or 1/(1-p)):
@@ -32,6 +32,31 @@
 #include "device.cuh"
 
 namespace fa::step5 {
+
+// acc += A B^T for one warp, k = the head dim: A = rows a_row0 .. a_row0 + 16 MK - 1 of a [Bc, D] tile (K or
+// V), B = rows b_row0 .. b_row0 + 8 NQ - 1 of a [Bq, D] tile (Q or dO). Each A fragment serves NQ products
+// and each B fragment MK: the reuse a two-dimensional warp tile buys.
+template <class Tr, int MK, int NQ>
+__device__ __forceinline__ void warp_product_abt(float (&acc)[MK][NQ][4], uint32_t a_base, int a_row0,
+                                                 uint32_t b_base, int b_row0) {
+  using T = typename Tr::T;
+#pragma unroll
+  for (int kk = 0; kk < Tr::D / 16; ++kk) {
+    uint32_t a[MK][4];
+#pragma unroll
+    for (int mi = 0; mi < MK; ++mi) load_a<Tr::Bc>(a[mi], a_base, a_row0 + 16 * mi, kk);
+#pragma unroll
+    for (int np = 0; np < NQ / 2; ++np) {
+      uint32_t b[4];
+      load_b<Tr::Bq>(b, b_base, b_row0 + 16 * np, kk);
+#pragma unroll
+      for (int mi = 0; mi < MK; ++mi) {
+        ptx::mma_16816<T>(acc[mi][2 * np], a[mi], {b[0], b[1]});
+        ptx::mma_16816<T>(acc[mi][2 * np + 1], a[mi], {b[2], b[3]});
+      }
+    }
+  }
+}
 
 // grid = ceil(Nk / Bc) * Hkv * B, block = 32 * WarpsK * WarpsQ threads, dynamic shared memory Tr::kSmemBytes.
 template <class Tr, bool kDropout>
@@ -150,26 +175,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         d_i[nt][c] = i < p.Nq ? bp.dsum[row_off + i] : 0.0f;
       }
 
-    // S^T = K Q^T: [kWarpKeys, kWarpQueries] per warp. A = the warp's K rows, B = its Q rows with k = head
-    // dim; each A fragment serves kNQ products, each B fragment kMK.
+    // S^T = K Q^T: [kWarpKeys, kWarpQueries] per warp.
     float s[kMK][kNQ][4] = {};
     ring.wait(it);  // Q and dO tiles of iteration it have landed
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ka[kMK][4];
-#pragma unroll
-      for (int mi = 0; mi < kMK; ++mi) load_a<Bc>(ka[mi], k_base, key0 + 16 * mi, kk);
-#pragma unroll
-      for (int np = 0; np < kNQ / 2; ++np) {
-        uint32_t qb[4];
-        load_b<Bq>(qb, q_base, qry0 + 16 * np, kk);
-#pragma unroll
-        for (int mi = 0; mi < kMK; ++mi) {
-          ptx::mma_16816<T>(s[mi][2 * np], ka[mi], {qb[0], qb[1]});
-          ptx::mma_16816<T>(s[mi][2 * np + 1], ka[mi], {qb[2], qb[3]});
-        }
-      }
-    }
+    warp_product_abt<Tr>(s, k_base, key0, q_base, qry0);
 
     // P^T, in place of S^T: s[mi][nt][e] is key k0 + key0 + 16mi + g + 8 (e / 2), query
     // q0 + qry0 + 8nt + 2t + e % 2. Masked entries (causal, beyond Nq or Nk, rows that see no key with
@@ -196,22 +205,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // dPd^T = V dO^T: the same product with V and dO.
     float dp[kMK][kNQ][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t va[kMK][4];
-#pragma unroll
-      for (int mi = 0; mi < kMK; ++mi) load_a<Bc>(va[mi], v_base, key0 + 16 * mi, kk);
-#pragma unroll
-      for (int np = 0; np < kNQ / 2; ++np) {
-        uint32_t dob[4];
-        load_b<Bq>(dob, do_base, qry0 + 16 * np, kk);
-#pragma unroll
-        for (int mi = 0; mi < kMK; ++mi) {
-          ptx::mma_16816<T>(dp[mi][2 * np], va[mi], {dob[0], dob[1]});
-          ptx::mma_16816<T>(dp[mi][2 * np + 1], va[mi], {dob[2], dob[3]});
-        }
-      }
-    }
+    warp_product_abt<Tr>(dp, v_base, key0, do_base, qry0);
     ring.refill(w, p.Hq, it);  // after this warp's first products: the other warps are likely done with it - 1
 
     // s becomes Pd^T = P^T Z^T and dp becomes dS^T = P^T (dPd^T Z^T - D) (masked entries have P = 0).

@@ -59,7 +59,7 @@ struct Configs {
   // d = 128: the 64-key dQ tiles won at every point of the step 6 sweep (+1.5 to +4%, step5.md).
   using Deterministic = std::conditional_t<D == 128, DetQ, Det4>;
   using AtomicSm90 = Atomic2x4;
-  using AtomicSm120 = std::conditional_t<Atomic::kSmemBytes <= kSm120SmemBytes, Atomic, AtomicSmall>;
+  using AtomicSm120 = AtomicSmall;
   static_assert(Deterministic::kSmemBytes <= kSm120SmemBytes && AtomicSm120::kSmemBytes <= kSm120SmemBytes,
                 "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
   // Every configuration --variant can name (step 6 sweeps them).

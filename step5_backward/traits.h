@@ -73,7 +73,7 @@ struct DqTraits {
 };
 
 // The atomic variant's kernel (atomic.cuh). Warp (wk, wq), wk < WarpsK, wq < WarpsQ, computes
-//   S^T, dP^T  [kWarpKeys = Bc / WarpsK keys,  kWarpQueries = Bq / WarpsQ queries]  rows 16 x kMK
+//   S^T, dP^T  [kWarpKeys = Bc / WarpsK keys,  kWarpQueries = Bq / WarpsQ queries]
 //   dV, dK     [kWarpKeys keys,                kWarpDkv = D / WarpsQ columns]
 //   dQ         [kWarpQueries queries,          kWarpDq = D / WarpsK columns]
 // so each operand tile is read by WarpsK or WarpsQ warps, not by all of them as in the dK/dV kernel.
