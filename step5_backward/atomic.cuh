@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int qry0 = wq * Tr::kWarpQueries;  // its first query (in the step's tile): S^T columns, dQ rows
   const int dkv0 = wq * Tr::kWarpDkv;      // its first head-dim column of dV and dK
   const int dq0 = wk * Tr::kWarpDq;        // its first head-dim column of dQ
-  const KeyBlockWork w(p, Bc, Bq);         // which keys, which query tiles (device.cuh)
+  const KeyBlockWork w(p, Bc, Bq, /*rotate=*/true);  // which keys, which query tiles (device.cuh)
 
   // ---- prologue: barriers, then K, V and the first kStages Q/dO tiles in flight ------------------------
   if (threadIdx.x == 0) {

@@ -119,13 +119,16 @@ __device__ __forceinline__ void store_rows(T* out, const float (&acc)[NT][4], in
 // kernel). Key tiles of one head are neighbours in the grid. The block visits the query tiles of Bq rows
 // that see its keys, for every query head of its GQA group: all of them, or (causal) those from the first
 // row whose diagonal reaches key k0 (row i sees key j iff j <= input_pos + i). Iteration `it` is query
-// tile q0(it) / Bq of query head head(it).
+// tile q0(it) / Bq of query head head(it). With `rotate`, the block starts that list at its own key tile's
+// index (mod n_iter) and wraps around: the blocks of one head, which run side by side, then add their dQ
+// into different rows at any one time (the atomic kernel). The order is fixed per block, so dK and dV
+// are still summed in the same order every run.
 struct KeyBlockWork {
   int b, hkv, bh_kv, k0;           // batch, KV head, their flat index, first key
   int m_first, per_head, n_iter;  // first query tile, tiles per query head, iterations in all
-  int group, Bq;
+  int group, Bq, rot = 0;         // GQA group size, query tile height, first iteration's place
 
-  __device__ KeyBlockWork(const AttnParams& p, int Bc, int Bq_) : group(p.group), Bq(Bq_) {
+  __device__ KeyBlockWork(const AttnParams& p, int Bc, int Bq_, bool rotate = false) : group(p.group), Bq(Bq_) {
     const int num_n = (p.Nk + Bc - 1) / Bc;
     bh_kv = blockIdx.x / num_n;
     hkv = bh_kv % p.Hkv;
@@ -139,9 +142,11 @@ struct KeyBlockWork {
     }
     per_head = num_m - m_first;
     n_iter = per_head * group;
+    if (rotate && n_iter > 0) rot = (blockIdx.x % num_n) % n_iter;
   }
-  __device__ int head(int it) const { return hkv * group + it / per_head; }   // query head of iteration it
-  __device__ int q0(int it) const { return (m_first + it % per_head) * Bq; }  // its first query row
+  __device__ int order(int it) const { return it + rot < n_iter ? it + rot : it + rot - n_iter; }  // place in the list
+  __device__ int head(int it) const { return hkv * group + order(it) / per_head; }   // query head of iteration it
+  __device__ int q0(int it) const { return (m_first + order(it) % per_head) * Bq; }  // its first query row
 };
 
 // The Q/dO ring of a key block: kStages slots of a Q tile and a dO tile ([kPanels][Bq, 64] each), a `full`
