@@ -14,6 +14,8 @@
 //    reads about 9.5 KB of shared memory per query row instead of the dK/dV kernel's 13; the sm_90
 //    default, 2 x 4 warps, reads more and is still faster (docs/results/step5.md #9-10). The price: a warp's dV and dK need P^T and dS^T of its partner's
 //    queries, so both are parked in shared memory and a barrier separates their stores from those reads.
+// Each block also starts its sweep over the query tiles at its own key tile's index (KeyBlockWork's rotate,
+// device.cuh), so the blocks of one head add into different dQ rows at a time (docs/results/step5.md #13).
 // Paper equations (FlashAttention-2, Algorithm 2, the inner loop, transposed as in dkdv.cuh; i: query,
 // j: key; Z: the dropout multiplier, 0 or 1/(1-p)):
 //   S^T = K Q^T,  P^T_ji = exp(scale S^T_ji - LSE_i)          [Bc, Bq]  masked entries 0
