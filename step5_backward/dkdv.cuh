@@ -83,17 +83,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int64_t row_off = (int64_t(w.b) * p.Hq + h) * p.Nq;  // LSE and D of head h start here
     const uint32_t q_base = ptx::smem_u32(ring.q(it)), do_base = ptx::smem_u32(ring.dout(it));
 
-    // LSE (log2 units) and D of this thread's query columns q0 + 8nt + 2t + c, loaded first so that their
-    // latency hides behind the products below.
-    float lse2[kQTiles][2], d_i[kQTiles][2];
-#pragma unroll
-    for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int i = q0 + nt * 8 + 2 * t + c;
-        lse2[nt][c] = i < p.Nq ? p.lse[row_off + i] * kLog2e : 0.0f;
-        d_i[nt][c] = i < p.Nq ? bp.dsum[row_off + i] : 0.0f;
-      }
+    float lse2[kQTiles][2], d_i[kQTiles][2];  // of this thread's query columns q0 + 8nt + 2t + c
+    load_lse_d(lse2, d_i, bp, row_off, q0);
 
     // S^T = K Q^T and dPd^T = V dO^T: [16 keys, Bq queries] per warp. A = this warp's 16 rows of K (V),
     // B = Q (dO) rows with k = head dim: step 4's Q K^T with keys and queries swapped.
