@@ -152,6 +152,13 @@ int run_stage(const Stage& s, CommonOptions& o) {
     return false;
   };
   if (!o.bench_against.empty() && !o.bench) throw std::invalid_argument("--bench-against needs --bench");
+  if (o.tuned && !o.variant.empty())
+    throw std::invalid_argument("--tuned picks the configuration itself: give --tuned or --variant, not both");
+  if (!o.dump_dir.empty()) {  // checked before any tuning or run, so that a typo costs nothing
+    struct stat st;
+    if (stat(o.dump_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw std::runtime_error("--dump: " + o.dump_dir + " is not an existing directory");
+  }
   for (const std::string& v : {o.variant, o.bench_against})
     if (!v.empty() && !known(v)) throw std::invalid_argument(s.name + " has no variant '" + v + "'");
   if (p.backward && !s.has_backward) throw std::invalid_argument(s.name + " has no backward pass (--backward)");
@@ -170,12 +177,6 @@ int run_stage(const Stage& s, CommonOptions& o) {
     throw std::invalid_argument("--tuned needs the GPU stages (a build with CUDA)");
 #endif
   }
-  if (!o.dump_dir.empty()) {
-    struct stat st;
-    if (stat(o.dump_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      throw std::runtime_error("--dump: " + o.dump_dir + " is not an existing directory");
-  }
-
   std::printf("%s%s%s: %s\n", s.name.c_str(), variant.empty() ? "" : " --variant ", variant.c_str(),
               p.describe().c_str());
   auto runner = s.make(p, in, variant);

@@ -97,6 +97,7 @@ TEST(Cli, BadProblemsExitNonZeroWithOneMessage) {
       {{"--variant", "nope"}, "no variant"},
       {{"--bench", "--bench-against", "nope"}, "no variant"},
       {{"--bench-against", "naive"}, "--bench-against needs --bench"},
+      {{"--tuned", "--variant", "fa2"}, "--tuned or --variant, not both"},
   };
   for (const auto& [args, msg] : cases) {
     const auto [rc, err] = run_cli(args);
