@@ -78,6 +78,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ uint32_t swizzle_128b(int row, int chunk) {
   return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
+// The swizzle is computed from address bits, so swizzled tiles must start on 1024 bytes; the dynamic
+// shared-memory base is only 16-byte aligned, hence 1024 bytes of slack in every kernel's budget and this.
+__device__ __forceinline__ uint8_t* align_1024(uint8_t* smem_raw) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+}
 
 // ---- fast exp2 ----------------------------------------------------------------------------------
 // PTX ISA, "Floating point instructions: ex2" (.approx.ftz.f32): 2^x in one MUFU instruction; ex2(-inf) = +0.

@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // ---- shared memory: [K | V | Q stages | dO stages | P^T x 2 | dS^T x 3 | barriers] -------------------
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = ptx::align_1024(smem_raw);
   T* sK = reinterpret_cast<T*>(smem);                                       // [kPanels][Bc, 64]
   T* sV = reinterpret_cast<T*>(smem + kKVBytes);                            // [kPanels][Bc, 64]
   T* sP = reinterpret_cast<T*>(smem + 2 * kKVBytes + 2 * kStages * kQBytes);  // [2][Bc, kPitch]

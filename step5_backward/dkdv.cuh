@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // ---- shared memory: [K | V | Q stages | dO stages | barriers], panels 1024-byte aligned ---------------
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = ptx::align_1024(smem_raw);
   T* sK = reinterpret_cast<T*>(smem);                     // [kPanels][Bc, 64]
   T* sV = reinterpret_cast<T*>(smem + kKVBytes);          // [kPanels][Bc, 64]
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + 2 * kKVBytes + 2 * kStages * kQBytes);

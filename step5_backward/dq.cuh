@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // ---- shared memory: [Q | dO | K stages | V stages | barriers], panels 1024-byte aligned -------------
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = ptx::align_1024(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem);                                       // [kPanels][Br, 64]
   T* sdO = reinterpret_cast<T*>(smem + kQBytes);                            // [kPanels][Br, 64]
   T* sK = reinterpret_cast<T*>(smem + 2 * kQBytes);                         // [kStages][kPanels][Bc, 64]
