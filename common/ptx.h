@@ -66,6 +66,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t sme
                : "r"(smem_addr));
 }
 
+// ---- registers -> shared memory -----------------------------------------------------------------
+// PTX ISA, "Warp-level matrix store instruction: stmatrix" (.sync.aligned.m8n8.x4.shared.b16, sm_90 and
+// later, sm_120 included): ldmatrix_x4 backwards. Lanes 8k..8k+7 give the row addresses of matrix k;
+// thread `lane` contributes, in r[k], elements (lane / 4, 2 * (lane % 4) .. +1) of matrix k, the layout of
+// an mma C fragment packed to 16 bits. One instruction stores what four 32-bit stores per n8 tile would.
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n"
+               :
+               : "r"(smem_addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -75,16 +75,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr uint32_t kQBytes = Tr::kQBytes, kKVBytes = Tr::kKVBytes;
   const AttnParams& p = bp.a;
 
-  // ---- shared memory: [K | V | Q stages | dO stages | P^T x 2 | dS^T x 3 | barriers] -------------------
+  // ---- shared memory: [K | V | Q stages | dO stages | P^T x kPBufs | dS^T x kDsBufs | LSE, D x 2 | barriers]
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = ptx::align_1024(smem_raw);
   T* sK = reinterpret_cast<T*>(smem);                                       // [kPanels][Bc, 64]
   T* sV = reinterpret_cast<T*>(smem + kKVBytes);                            // [kPanels][Bc, 64]
-  T* sP = reinterpret_cast<T*>(smem + 2 * kKVBytes + 2 * kStages * kQBytes);  // [2][Bc, kPitch]
-  T* sdS = sP + Tr::kPBufs * Bc * kPitch;                                   // [3][Bc, kPitch]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sdS + Tr::kDsBufs * Bc * kPitch);
+  T* sP = reinterpret_cast<T*>(smem + 2 * kKVBytes + 2 * kStages * kQBytes);  // [kPBufs][Bc, kPitch]
+  T* sdS = sP + Tr::kPBufs * Bc * kPitch;                                   // [kDsBufs][Bc, kPitch]
+  float* sLD = reinterpret_cast<float*>(sdS + Tr::kDsBufs * Bc * kPitch);    // [2][LSE (log2 units), D][Bq]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sLD + 4 * Bq);
   uint64_t* kv_full = bars;                         // K and V tiles landed
-  uint64_t* ds_ready = bars + 1 + 2 * kStages;      // [3] every thread has stored its P^T and dS^T values
+  uint64_t* ds_ready = bars + 1 + 2 * kStages;      // [kDsBufs] every thread has stored its P^T and dS^T values
+  uint64_t* bufs_free = ds_ready + Tr::kDsBufs;     // lean only: every thread is done reading them (below)
   const QdoRing<Tr> ring{reinterpret_cast<T*>(smem + 2 * kKVBytes),                      // Q stages
                          reinterpret_cast<T*>(smem + 2 * kKVBytes + kStages * kQBytes),  // dO stages
                          bars + 1, bars + 1 + kStages, &tm_q, &tm_do};
@@ -98,14 +100,39 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int dq0 = wk * Tr::kWarpDq;        // its first head-dim column of dQ
   const KeyBlockWork w(p, Bc, Bq, /*rotate=*/true);  // which keys, which query tiles (device.cuh)
 
+  // The LSE (in log2 units) and D of iteration it's Bq query rows go through shared memory: thread x < Bq
+  // fetches LSE of row q0 + x, thread Bq + x its D (0 past Nq), one iteration ahead, so that a warp reads
+  // its columns' values from shared memory when it needs them instead of holding global loads in flight
+  // across a product (they were the kernel's long-scoreboard stalls). Slot it % 2 holds iteration it's.
+  auto fetch_lse_d = [&](int it) {
+    const int x = threadIdx.x % Bq, i = w.q0(it) + x;
+    if (threadIdx.x >= 2 * Bq || i >= p.Nq) return 0.0f;
+    const int64_t row = (int64_t(w.b) * p.Hq + w.head(it)) * p.Nq + i;
+    return threadIdx.x < Bq ? p.lse[row] * kLog2e : bp.dsum[row];
+  };
+  auto stage_lse_d = [&](int it, float v) {
+    if (threadIdx.x < 2 * Bq) sLD[(it % 2) * 2 * Bq + threadIdx.x] = v;
+  };
+  // Columns q0 + qry0 + 8nt + 2t + c (c = 0, 1) of row `which` (0: LSE, 1: D) of iteration it's slot.
+  auto read_lse_d = [&](float (&v)[kNQ][2], int it, int which) {
+#pragma unroll
+    for (int nt = 0; nt < kNQ; ++nt) {
+      const float2 pair = *reinterpret_cast<const float2*>(sLD + ((it % 2) * 2 + which) * Bq + qry0 + 8 * nt + 2 * t);
+      v[nt][0] = pair.x;
+      v[nt][1] = pair.y;
+    }
+  };
+
   // ---- prologue: barriers, then K, V and the first kStages Q/dO tiles in flight ------------------------
   if (threadIdx.x == 0) {
     ptx::mbar_init(kv_full, 1);
     ring.init();
     for (int s = 0; s < Tr::kDsBufs; ++s) ptx::mbar_init(&ds_ready[s], Tr::kThreads);
+    if constexpr (Tr::kLean) ptx::mbar_init(bufs_free, Tr::kThreads);
     ptx::fence_barrier_init();
   }
-  __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
+  if (w.n_iter > 0) stage_lse_d(0, fetch_lse_d(0));
+  __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them; LSE, D of it 0
   if (threadIdx.x == 0) {
     ptx::mbar_arrive_expect_tx(kv_full, 2 * kKVBytes);
 #pragma unroll
@@ -162,16 +189,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float dk[kMK][kND][4] = {}, dv[kMK][kND][4] = {};  // rows: keys key0 + 16mi + g (+8); columns dkv0 + 8nd + 2t
   for (int it = 0; it < w.n_iter; ++it) {
     const int h = w.head(it), q0 = w.q0(it);
-    const int64_t row_off = (int64_t(w.b) * p.Hq + h) * p.Nq;  // LSE and D of head h start here
     const uint32_t q_base = ptx::smem_u32(ring.q(it)), do_base = ptx::smem_u32(ring.dout(it));
-
-    float lse2[kNQ][2], d_i[kNQ][2];  // of this thread's query columns q0 + qry0 + 8nt + 2t + c
-    load_lse_d(lse2, d_i, bp, row_off, q0 + qry0);
+    const float lse_d_next = it + 1 < w.n_iter ? fetch_lse_d(it + 1) : 0.0f;  // staged before ds_ready below
 
     // S^T = K Q^T: [kWarpKeys, kWarpQueries] per warp.
     float s[kMK][kNQ][4] = {};
     ring.wait(it);  // Q and dO tiles of iteration it have landed
     warp_product_abt<Tr>(s, k_base, key0, q_base, qry0);
+
+    float lse2[kNQ][2];  // of this thread's query columns q0 + qry0 + 8nt + 2t + c
+    read_lse_d(lse2, it, 0);
 
     // P^T, in place of S^T: s[mi][nt][e] is key k0 + key0 + 16mi + g + 8 (e / 2), query
     // q0 + qry0 + 8nt + 2t + e % 2. Masked entries (causal, beyond Nq or Nk, rows that see no key with
@@ -202,6 +229,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     ring.refill(w, p.Hq, it);  // after this warp's first products: the other warps are likely done with it - 1
 
     // s becomes Pd^T = P^T Z^T and dp becomes dS^T = P^T (dPd^T Z^T - D) (masked entries have P = 0).
+    float d_i[kNQ][2];
+    read_lse_d(d_i, it, 1);
 #pragma unroll
     for (int mi = 0; mi < kMK; ++mi)
 #pragma unroll
@@ -216,19 +245,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
 
     // Park Pd^T and dS^T in shared memory ([Bc, kPitch] tiles, 16-bit pairs straight from the C fragments),
-    // then announce them: every thread arrives on ds_ready after its own stores (release).
+    // then announce them: every thread arrives on ds_ready after its own stores (release). Lean buffers are
+    // overwritten only once every thread has read P^T of it - 1 and dS^T of it - 2 (the bufs_free arrivals
+    // at the end of iteration it - 1 say so); the products above gave the slowest warp time to get there.
+    if constexpr (Tr::kLean)
+      if (it > 0) ptx::mbar_wait(bufs_free, uint32_t(it - 1) & 1);
     T* p_buf = sP + (it % Tr::kPBufs) * Bc * kPitch;
     T* ds_buf = sdS + (it % Tr::kDsBufs) * Bc * kPitch;
+    const uint32_t p_base = ptx::smem_u32(p_buf), ds_base = ptx::smem_u32(ds_buf);
 #pragma unroll
     for (int mi = 0; mi < kMK; ++mi)
 #pragma unroll
-      for (int nt = 0; nt < kNQ; ++nt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int off = (key0 + 16 * mi + g + 8 * r) * kPitch + qry0 + 8 * nt + 2 * t;
-          *reinterpret_cast<uint32_t*>(p_buf + off) = ptx::pack2<T>(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]);
-          *reinterpret_cast<uint32_t*>(ds_buf + off) = ptx::pack2<T>(dp[mi][nt][2 * r], dp[mi][nt][2 * r + 1]);
-        }
+      for (int np = 0; np < kNQ / 2; ++np) {
+        // One stmatrix.x4 per 16 x 16 block: matrix m = lane / 8 is keys 16mi + 8 (m % 2), queries
+        // 8 (2np + m / 2) of the warp's, whose C fragments, packed (acc_to_a's order), are r[m].
+        const int key = key0 + 16 * mi + 8 * ((lane >> 3) & 1) + (lane & 7), query = qry0 + 16 * np + 8 * (lane >> 4);
+        const uint32_t off = uint32_t(key * kPitch + query) * sizeof(T);
+        uint32_t r[4];
+        acc_to_a<T>(r, s[mi], np);
+        ptx::stmatrix_x4(p_base + off, r);
+        acc_to_a<T>(r, dp[mi], np);
+        ptx::stmatrix_x4(ds_base + off, r);
+      }
+    // Iteration it + 1's LSE and D go into the slot that iteration it - 1 used: every thread finished reading
+    // it before its arrival at it - 1, which this thread waited for; readers wait for this arrival.
+    if (it + 1 < w.n_iter) stage_lse_d(it + 1, lse_d_next);
     ptx::mbar_arrive(&ds_ready[it % Tr::kDsBufs]);
 
     // A split barrier: between the arrival above and the wait below, the previous iteration's dQ (its dS^T
@@ -236,12 +277,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // Three dS^T buffers make that safe: buffer it % 3 is written again at iteration it + 3, after its
     // writer's wait at it + 2, which needs every thread's arrival at it + 2, which each makes after its
     // add_dq(it) (in iteration it + 1). P^T is read in its own iteration only: two buffers suffice.
+    // Lean (two dS^T buffers, one P^T): the bufs_free wait above orders the reuse instead.
     if (it > 0) add_dq(it - 1);
     ptx::mbar_wait(&ds_ready[it % Tr::kDsBufs], uint32_t(it / Tr::kDsBufs) & 1);
 
     // dV += Pd^T dO and dK += dS^T Q: [kWarpKeys, kWarpDkv] per warp, k = the Bq queries. A = Pd^T (dS^T)
     // rows of the warp's keys, ldmatrix from the padded tiles; B = dO (Q) rows with k = query (.trans).
-    const uint32_t p_base = ptx::smem_u32(p_buf), ds_base = ptx::smem_u32(ds_buf);
 #pragma unroll
     for (int kk = 0; kk < Bq / 16; ++kk) {
       uint32_t pa[kMK][4], dsa[kMK][4];
@@ -269,6 +310,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     }
     ring.release(it);  // this warp is done with the Q and dO tiles of iteration it
+    // Lean: this thread is also done with P^T of iteration it and dS^T of it - 1 (its add_dq came before the
+    // wait above). Every thread arrives for its own reads, as on ds_ready.
+    if constexpr (Tr::kLean) ptx::mbar_arrive(bufs_free);
   }
   // The last iteration's dQ: every thread passed its wait on that dS^T, so the tile is complete.
   if (w.n_iter > 0) add_dq(w.n_iter - 1);

@@ -32,6 +32,13 @@ struct BwdConfig {
 template <class... Cfg>
 struct ConfigList {};
 
+template <class List, class Cfg>
+struct Append;
+template <class... Cfg, class Last>
+struct Append<ConfigList<Cfg...>, Last> {
+  using type = ConfigList<Cfg..., Last>;
+};
+
 template <typename T, int D>
 struct Configs {
   // Deterministic. d = 128 takes half-height Q/dO tiles (Bq = 32) in the dK/dV kernel and half-width K/V
@@ -55,22 +62,30 @@ struct Configs {
   using Atomic2x4 = BwdConfig<AtomicTraits<T, D, 128, 64, 2, 4, 2>>;
   using AtomicPair = BwdConfig<AtomicTraits<T, D, 64, 64, 2, 2, 2>>;
   using AtomicSmall = BwdConfig<AtomicTraits<T, D, 64, 32, 2, 2, 2>>;
+  // d = 64 only: 128 queries per step on the 2 x 4 grid (warp tiles 64 x 32), as FlashAttention 2 does:
+  // fewer ldmatrix per mma (step5.md #16). Five P^T/dS^T buffers would not fit in 227 KB, so the kernel
+  // runs lean (traits.h). At d = 128 dV and dK alone would take 128 registers per thread, beside S^T's
+  // and dP^T's 128.
+  using AtomicTall = BwdConfig<AtomicTraits<T, D, 128, 128, 2, 4, 2>>;
 
   // d = 128: the 64-key dQ tiles won at every point of the step 6 sweep (+1.5 to +4%, step5.md).
   using Deterministic = std::conditional_t<D == 128, DetQ, Det4>;
-  using AtomicSm90 = Atomic2x4;
+  using AtomicSm90 = std::conditional_t<D == 64, AtomicTall, Atomic2x4>;
   using AtomicSm120 = AtomicSmall;
   static_assert(Deterministic::kSmemBytes <= kSm120SmemBytes && AtomicSm120::kSmemBytes <= kSm120SmemBytes,
                 "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
   // Every configuration --variant can name (step 6 sweeps them).
-  using All = ConfigList<Det4, Det4S3, Det8, DetQ, Atomic, Atomic2x4, AtomicPair, AtomicSmall>;
+  using Shared = ConfigList<Det4, Det4S3, Det8, DetQ, Atomic, Atomic2x4, AtomicPair, AtomicSmall>;
+  using All = std::conditional_t<D == 64, typename Append<Shared, AtomicTall>::type, Shared>;
 };
 
-// X(T, D, Name) for each configuration of Configs<T, D>::All, in the same order: the instances_*.cu files
-// compile their kernels with it (a name missing here fails at link time, not silently).
+// X(T, D, Name) for each configuration of Configs<T, D>::Shared, in the same order, and X(T, 64, Name) for
+// those d = 64 adds: the instances_*.cu files compile their kernels with them (a name missing here fails
+// at link time, not silently).
 #define FA_STEP5_FOR_EACH_CONFIG(X, T, D) \
   X(T, D, Det4) X(T, D, Det4S3) X(T, D, Det8) X(T, D, DetQ) X(T, D, Atomic) X(T, D, Atomic2x4) X(T, D, AtomicPair) \
       X(T, D, AtomicSmall)
+#define FA_STEP5_FOR_EACH_D64_CONFIG(X, T) X(T, 64, AtomicTall)
 
 template <class Cfg>
 std::string config_name() {

@@ -20,6 +20,8 @@ namespace fa::step5 {
 
 // Shared memory one block may use on sm_120 (RTX 50-series): 99 KB with the opt-in attribute.
 constexpr size_t kSm120SmemBytes = 99 * 1024;
+// And on sm_90 (H100), the most the atomic kernel's largest tiles may take.
+constexpr size_t kSm90SmemBytes = 227 * 1024;
 
 template <typename T_, int D_, int Warps_, int Bq_, int Stages_>
 struct DkDvTraits {
@@ -96,20 +98,30 @@ struct AtomicTraits {
   static_assert(kWarpDkv % 16 == 0 && kWarpDq % 16 == 0, "head-dim columns are read 16 at a time (ldmatrix.x4.trans)");
   static_assert(Bc <= 256 && Bq <= 256, "a TMA box spans at most 256 rows");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 Q/dO stages: the producer refills a slot one step late");
+  static_assert(2 * Bq <= kWarps * 32, "one thread fetches each LSE and D value of a query tile");
   // Per thread: dK and dV (2 x kWarpKeys x kWarpDkv / 32) + S^T and dP^T (2 x kWarpKeys x kWarpQueries / 32).
   static constexpr int kFragRegs = 2 * kWarpKeys * kWarpDkv / 32 + 2 * kWarpKeys * kWarpQueries / 32;
   static_assert(kFragRegs <= 200, "fragments alone would exceed the 255-register limit once addresses are added");
 
   static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
   static constexpr size_t kQBytes = size_t(Bq) * D * sizeof(T);   // one Q (or dO) tile of the ring
-  // P^T and dS^T: [Bc keys, Bq queries] 16-bit tiles, two P^T buffers and three dS^T buffers (atomic.cuh
-  // says why). Rows are padded by 8 elements (16 bytes): the 32-bit stores of a C fragment and the 8 rows
-  // of an ldmatrix (.trans or not) then fall in 8 different 16-byte bank groups.
-  static constexpr int kPitch = Bq + 8, kPBufs = 2, kDsBufs = 3;
+  // P^T and dS^T: [Bc keys, Bq queries] 16-bit tiles. Rows are padded by 8 elements (16 bytes): the 32-bit
+  // stores of a C fragment and the 8 rows of an ldmatrix (.trans or not) then fall in 8 different 16-byte
+  // bank groups. Two P^T and three dS^T buffers let the split barrier alone order their reuse (atomic.cuh);
+  // where five do not fit in sm_90's 227 KB (Bq = 128), the kernel is `lean`: one P^T and two dS^T buffers,
+  // plus a `free` barrier that every warp passes before overwriting them.
+  static constexpr int kPitch = Bq + 8;
   static constexpr size_t kPBytes = size_t(Bc) * kPitch * sizeof(T);
-  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages + kDsBufs);  // kv_full, full, empty, ds_ready
+  static constexpr size_t kLseDBytes = 2 * 2 * Bq * sizeof(float);  // two slots of LSE and D, Bq rows each
+  // alignment, K, V, the ring, LSE and D
+  static constexpr size_t kTileBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + kLseDBytes;
+  static constexpr bool kLean = kTileBytes + 5 * kPBytes + 8 * (2 + 2 * kStages + 3) > kSm90SmemBytes;
+  static constexpr int kPBufs = kLean ? 1 : 2, kDsBufs = kLean ? 2 : 3;
+  // kv_full, full[stages], empty[stages], ds_ready[kDsBufs], free (lean only)
+  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages + kDsBufs + (kLean ? 1 : 0));
   static constexpr size_t kSmemBytes =
-      1024 + 2 * kKVBytes + 2 * kStages * kQBytes + (kPBufs + kDsBufs) * kPBytes + kBarrierBytes;
+      kTileBytes + (kPBufs + kDsBufs) * kPBytes + kBarrierBytes;
+  static_assert(kSmemBytes <= kSm90SmemBytes, "even the lean buffers must fit in sm_90's 227 KB per block");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
   static_assert(kPBytes % 16 == 0, "ldmatrix rows and the barriers after the buffers stay aligned");
   static constexpr bool kFitsSm120 = kSmemBytes <= kSm120SmemBytes;
