@@ -16,13 +16,16 @@
 //    queries, so both are parked in shared memory and a barrier separates their stores from those reads.
 // Each block also starts its sweep over the query tiles at its own key tile's index (KeyBlockWork's rotate,
 // device.cuh), so the blocks of one head add into different dQ rows at a time (docs/results/step5.md #13).
+// At d = 64 the sm_90 tiles are FlashAttention 2's, Bq = 128, with `lean` P^T/dS^T buffers (traits.h) and
+// a bufs_free barrier; P^T and dS^T go to shared memory with stmatrix, and the LSE and D of a step's
+// queries are staged there one step ahead (step5.md #16-18).
 // Paper equations (FlashAttention-2, Algorithm 2, the inner loop, transposed as in dkdv.cuh; i: query,
 // j: key; Z: the dropout multiplier, 0 or 1/(1-p)):
 //   S^T = K Q^T,  P^T_ji = exp(scale S^T_ji - LSE_i)          [Bc, Bq]  masked entries 0
 //   dP^T = (V dO^T) o Z^T,  dS^T_ji = P^T_ji (dP^T_ji - D_i)  [Bc, Bq]
 //   dV += (P^T o Z^T) dO,  dK += dS^T Q                       [Bc, d]   (dK times scale at the end)
 //   dQ_i += dS K                                              [Bq, d]   fp32 atomics (scale applied later)
-// Limits: d = 64 or 128, bf16/fp16; the sm_90 tiles (219 KB of shared memory at d = 128) do not fit
+// Limits: d = 64 or 128, bf16/fp16; the sm_90 tiles (201 / 220 KB of shared memory at d = 64 / 128) do not fit
 // sm_120's 99 KB, which takes smaller tiles (configs.h).
 #pragma once
 #include <cuda.h>
