@@ -91,23 +91,6 @@ __device__ __forceinline__ void dropout_z2(const DropoutParams& dp, int b, int h
   z1 = (odd ? w.v[3] : w.v[1]) >= dp.threshold ? dp.keep_scale : 0.0f;
 }
 
-// LSE (log2 units) and D of the query columns col0 + 8nt + 2t + c (c = 0, 1) that a thread's C fragments of
-// S^T hold (0 past Nq), for head row offset row_off; loaded before the products, so that their latency
-// hides behind them.
-template <int NT>
-__device__ __forceinline__ void load_lse_d(float (&lse2)[NT][2], float (&d_i)[NT][2], const BwdParams& bp,
-                                           int64_t row_off, int col0) {
-  const int t = threadIdx.x % 4;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int i = col0 + nt * 8 + 2 * t + c;
-      lse2[nt][c] = i < bp.a.Nq ? bp.a.lse[row_off + i] * kLog2e : 0.0f;
-      d_i[nt][c] = i < bp.a.Nq ? bp.dsum[row_off + i] : 0.0f;
-    }
-}
-
 // True when some element of the tile [q0, q0 + rows) x [k0, k0 + cols) is masked: a query past Nq, a key
 // past Nk, or (causal) a key above the diagonal. Only such tiles pay for the per-element mask, as in
 // step 4; in every other tile each row sees a key, so its LSE is finite.

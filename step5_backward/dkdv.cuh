@@ -28,6 +28,23 @@
 
 namespace fa::step5 {
 
+// LSE (log2 units) and D of the query columns col0 + 8nt + 2t + c (c = 0, 1) that a thread's C fragments of
+// S^T hold (0 past Nq), for head row offset row_off; loaded before the products, so that their latency
+// hides behind them.
+template <int NT>
+__device__ __forceinline__ void load_lse_d(float (&lse2)[NT][2], float (&d_i)[NT][2], const BwdParams& bp,
+                                           int64_t row_off, int col0) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int i = col0 + nt * 8 + 2 * t + c;
+      lse2[nt][c] = i < bp.a.Nq ? bp.a.lse[row_off + i] * kLog2e : 0.0f;
+      d_i[nt][c] = i < bp.a.Nq ? bp.dsum[row_off + i] : 0.0f;
+    }
+}
+
 // grid = ceil(Nk / Bc) * Hkv * B, block = 32 * Warps threads, dynamic shared memory Tr::kSmemBytes.
 template <class Tr, bool kDropout>
 __global__ void __launch_bounds__(Tr::kThreads, 1)

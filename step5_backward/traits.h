@@ -115,10 +115,11 @@ struct AtomicTraits {
   static constexpr size_t kLseDBytes = 2 * 2 * Bq * sizeof(float);  // two slots of LSE and D, Bq rows each
   // alignment, K, V, the ring, LSE and D
   static constexpr size_t kTileBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + kLseDBytes;
-  static constexpr bool kLean = kTileBytes + 5 * kPBytes + 8 * (2 + 2 * kStages + 3) > kSm90SmemBytes;
+  static constexpr size_t kRingBarrierBytes = 8 * (1 + 2 * kStages);  // kv_full, full[stages], empty[stages]
+  static constexpr bool kLean = kTileBytes + 5 * kPBytes + kRingBarrierBytes + 8 * 3 > kSm90SmemBytes;
   static constexpr int kPBufs = kLean ? 1 : 2, kDsBufs = kLean ? 2 : 3;
-  // kv_full, full[stages], empty[stages], ds_ready[kDsBufs], free (lean only)
-  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages + kDsBufs + (kLean ? 1 : 0));
+  // and ds_ready[kDsBufs], bufs_free (lean only)
+  static constexpr size_t kBarrierBytes = kRingBarrierBytes + 8 * (kDsBufs + (kLean ? 1 : 0));
   static constexpr size_t kSmemBytes =
       kTileBytes + (kPBufs + kDsBufs) * kPBytes + kBarrierBytes;
   static_assert(kSmemBytes <= kSm90SmemBytes, "even the lean buffers must fit in sm_90's 227 KB per block");
