@@ -38,22 +38,22 @@
 
 namespace fa::step5 {
 
-// acc += A B^T for one warp, k = the head dim: A = rows a_row0 .. a_row0 + 16 MK - 1 of a [Bc, D] tile (K or
-// V), B = rows b_row0 .. b_row0 + 8 NQ - 1 of a [Bq, D] tile (Q or dO). Each A fragment serves NQ products
-// and each B fragment MK: the reuse a two-dimensional warp tile buys.
+// acc += A B^T for one warp, k = the head dim: A = 16 MK rows of a [Bc, D] tile (K or V) from the warp's
+// first, B = 8 NQ rows of a [Bq, D] tile (Q or dO) from its first. Each A fragment serves NQ products and
+// each B fragment MK: the reuse a two-dimensional warp tile buys.
 template <class Tr, int MK, int NQ>
-__device__ __forceinline__ void warp_product_abt(float (&acc)[MK][NQ][4], uint32_t a_base, int a_row0,
-                                                 uint32_t b_base, int b_row0) {
+__device__ __forceinline__ void warp_product_abt(float (&acc)[MK][NQ][4], const Operand<Tr::Bc, Frag::kA, Tr::kXorSteps>& a_op,
+                                                 const Operand<Tr::Bq, Frag::kB, Tr::kXorSteps>& b_op) {
   using T = typename Tr::T;
 #pragma unroll
   for (int kk = 0; kk < Tr::D / 16; ++kk) {
     uint32_t a[MK][4];
 #pragma unroll
-    for (int mi = 0; mi < MK; ++mi) load_a<Tr::Bc>(a[mi], a_base, a_row0 + 16 * mi, kk);
+    for (int mi = 0; mi < MK; ++mi) a_op.load(a[mi], 16 * mi, kk);
 #pragma unroll
     for (int np = 0; np < NQ / 2; ++np) {
       uint32_t b[4];
-      load_b<Tr::Bq>(b, b_base, b_row0 + 16 * np, kk);
+      b_op.load(b, 16 * np, kk);
 #pragma unroll
       for (int mi = 0; mi < MK; ++mi) {
         ptx::mma_16816<T>(acc[mi][2 * np], a[mi], {b[0], b[1]});
@@ -70,8 +70,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
   using T = typename Tr::T;
   constexpr int D = Tr::D, Bc = Tr::Bc, Bq = Tr::Bq, kStages = Tr::kStages, kPanels = Tr::kPanels, kPitch = Tr::kPitch;
-  constexpr int kMK = Tr::kWarpKeys / 16;     // m16 tiles of keys per warp      (S^T, dP^T, dV, dK)
+  constexpr int kMK = Tr::kWarpKeys / 16;     // m16 tiles of keys per warp      (S^T, dP^T)
   constexpr int kNQ = Tr::kWarpQueries / 8;   // n8 tiles of queries per warp    (S^T, dP^T)
+  constexpr int kMKd = Tr::kWarpKeysDkv / 16; // m16 tiles of keys per warp      (dV, dK)
   constexpr int kND = Tr::kWarpDkv / 8;       // n8 tiles of head dim per warp   (dV, dK)
   constexpr int kMQ = Tr::kWarpQueries / 16;  // m16 tiles of queries per warp   (dQ)
   constexpr int kNDq = Tr::kWarpDq / 8;       // n8 tiles of head dim per warp   (dQ)
@@ -97,10 +98,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int wk = warp % Tr::kWarpsK, wq = warp / Tr::kWarpsK;
-  const int key0 = wk * Tr::kWarpKeys;     // this warp's first key (in the tile): S^T, dP^T, dV, dK rows
+  const int key0 = wk * Tr::kWarpKeys;     // this warp's first key (in the tile): S^T, dP^T rows
   const int qry0 = wq * Tr::kWarpQueries;  // its first query (in the step's tile): S^T columns, dQ rows
-  const int dkv0 = wq * Tr::kWarpDkv;      // its first head-dim column of dV and dK
   const int dq0 = wk * Tr::kWarpDq;        // its first head-dim column of dQ
+  const int keyd0 = warp % Tr::kDkvWarpsK * Tr::kWarpKeysDkv;  // on the dV/dK grid: its first key (rows)
+  const int dkv0 = warp / Tr::kDkvWarpsK * Tr::kWarpDkv;       // and its first head-dim column
   const KeyBlockWork w(p, Bc, Bq, /*rotate=*/true);  // which keys, which query tiles (device.cuh)
 
   // The LSE (in log2 units) and D of iteration it's Bq query rows go through shared memory: thread x < Bq
@@ -147,6 +149,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   ptx::mbar_wait(kv_full, 0);  // K and V have landed (read for the whole kernel, never overwritten)
   const uint32_t k_base = ptx::smem_u32(sK), v_base = ptx::smem_u32(sV);
+  constexpr bool kXor = Tr::kXorSteps;
+  const Operand<Bc, Frag::kA, kXor> k_a(k_base, key0), v_a(v_base, key0);  // S^T, dP^T: A = K, V rows
+  const Operand<Bc, Frag::kBTrans, kXor> k_bt(k_base, dq0);                // dQ: B = K, k = keys
 
   // dQ_i += dS K for the queries of iteration `it`: [kWarpQueries, kWarpDq] per warp, k = the Bc keys.
   // A = dS, read transposed out of the stored dS^T [keys, queries]; B = K rows (k = keys), as in dq.cuh.
@@ -166,7 +171,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int np = 0; np < kNDq / 2; ++np) {
         uint32_t b4[4];
-        load_b_trans<Bc>(b4, k_base, kk, dq0 + 16 * np);
+        k_bt.load(b4, 16 * np, kk);
 #pragma unroll
         for (int mq = 0; mq < kMQ; ++mq) {
           ptx::mma_16816<T>(acc[mq][2 * np], a[mq], {b4[0], b4[1]});
@@ -189,7 +194,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
   };
 
-  float dk[kMK][kND][4] = {}, dv[kMK][kND][4] = {};  // rows: keys key0 + 16mi + g (+8); columns dkv0 + 8nd + 2t
+  float dk[kMKd][kND][4] = {}, dv[kMKd][kND][4] = {};  // rows: keys keyd0 + 16mi + g (+8); columns dkv0 + 8nd + 2t
   for (int it = 0; it < w.n_iter; ++it) {
     const int h = w.head(it), q0 = w.q0(it);
     const uint32_t q_base = ptx::smem_u32(ring.q(it)), do_base = ptx::smem_u32(ring.dout(it));
@@ -198,7 +203,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // S^T = K Q^T: [kWarpKeys, kWarpQueries] per warp.
     float s[kMK][kNQ][4] = {};
     ring.wait(it);  // Q and dO tiles of iteration it have landed
-    warp_product_abt<Tr>(s, k_base, key0, q_base, qry0);
+    warp_product_abt<Tr>(s, k_a, Operand<Bq, Frag::kB, kXor>(q_base, qry0));
 
     float lse2[kNQ][2];  // of this thread's query columns q0 + qry0 + 8nt + 2t + c
     read_lse_d(lse2, it, 0);
@@ -228,7 +233,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // dPd^T = V dO^T: the same product with V and dO.
     float dp[kMK][kNQ][4] = {};
-    warp_product_abt<Tr>(dp, v_base, key0, do_base, qry0);
+    warp_product_abt<Tr>(dp, v_a, Operand<Bq, Frag::kB, kXor>(do_base, qry0));
     ring.refill(w, p.Hq, it);  // after this warp's first products: the other warps are likely done with it - 1
 
     // s becomes Pd^T = P^T Z^T and dp becomes dS^T = P^T (dPd^T Z^T - D) (masked entries have P = 0).
@@ -284,29 +289,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (it > 0) add_dq(it - 1);
     ptx::mbar_wait(&ds_ready[it % Tr::kDsBufs], uint32_t(it / Tr::kDsBufs) & 1);
 
-    // dV += Pd^T dO and dK += dS^T Q: [kWarpKeys, kWarpDkv] per warp, k = the Bq queries. A = Pd^T (dS^T)
+    // dV += Pd^T dO and dK += dS^T Q: [kWarpKeysDkv, kWarpDkv] per warp, k = the Bq queries. A = Pd^T (dS^T)
     // rows of the warp's keys, ldmatrix from the padded tiles; B = dO (Q) rows with k = query (.trans).
+    const Operand<Bq, Frag::kBTrans, kXor> do_bt(do_base, dkv0), q_bt(q_base, dkv0);
 #pragma unroll
     for (int kk = 0; kk < Bq / 16; ++kk) {
-      uint32_t pa[kMK][4], dsa[kMK][4];
+      uint32_t pa[kMKd][4], dsa[kMKd][4];
 #pragma unroll
-      for (int mi = 0; mi < kMK; ++mi) {
-        const uint32_t off = uint32_t((key0 + 16 * mi + (lane & 15)) * kPitch + 16 * kk + (lane >> 4) * 8) * sizeof(T);
+      for (int mi = 0; mi < kMKd; ++mi) {
+        const uint32_t off = uint32_t((keyd0 + 16 * mi + (lane & 15)) * kPitch + 16 * kk + (lane >> 4) * 8) * sizeof(T);
         ptx::ldmatrix_x4(pa[mi], p_base + off);
         ptx::ldmatrix_x4(dsa[mi], ds_base + off);
       }
 #pragma unroll
       for (int np = 0; np < kND / 2; ++np) {
         uint32_t b4[4];
-        load_b_trans<Bq>(b4, do_base, kk, dkv0 + 16 * np);
+        do_bt.load(b4, 16 * np, kk);
 #pragma unroll
-        for (int mi = 0; mi < kMK; ++mi) {
+        for (int mi = 0; mi < kMKd; ++mi) {
           ptx::mma_16816<T>(dv[mi][2 * np], pa[mi], {b4[0], b4[1]});
           ptx::mma_16816<T>(dv[mi][2 * np + 1], pa[mi], {b4[2], b4[3]});
         }
-        load_b_trans<Bq>(b4, q_base, kk, dkv0 + 16 * np);
+        q_bt.load(b4, 16 * np, kk);
 #pragma unroll
-        for (int mi = 0; mi < kMK; ++mi) {
+        for (int mi = 0; mi < kMKd; ++mi) {
           ptx::mma_16816<T>(dk[mi][2 * np], dsa[mi], {b4[0], b4[1]});
           ptx::mma_16816<T>(dk[mi][2 * np + 1], dsa[mi], {b4[2], b4[3]});
         }
@@ -323,8 +329,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // ---- epilogue: every key row of the tile written once (zeros if no query sees it) ---------------------
   const int64_t kv_off = int64_t(w.bh_kv) * p.Nk * D;
 #pragma unroll
-  for (int mi = 0; mi < kMK; ++mi) {
-    const int64_t row0 = w.k0 + key0 + 16 * mi;
+  for (int mi = 0; mi < kMKd; ++mi) {
+    const int64_t row0 = w.k0 + keyd0 + 16 * mi;
     store_rows<T, D>(static_cast<T*>(bp.dk) + kv_off, dk[mi], row0, p.Nk, p.scale, dkv0);
     store_rows<T, D>(static_cast<T*>(bp.dv) + kv_off, dv[mi], row0, p.Nk, 1.0f, dkv0);
   }

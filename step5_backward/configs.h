@@ -57,7 +57,7 @@ struct Configs {
   // warp tiles of 32 x 32 or 64 x 16 (S^T, dP^T). 219 KB of shared memory at d = 128: sm_90 only.
   // The 4-warp 2 x 2 grids (64 keys) fit two blocks per SM where their shared memory allows it (d = 64 with
   // 64 queries per step, both head dims with 32), and the 32-query one fits sm_120's 99 KB.
-  //                             T  D  Bc   Bq  WarpsK WarpsQ Stages
+  //                             T  D  Bc   Bq  WarpsK WarpsQ Stages [DkvWarpsK XorSteps]
   using Atomic = BwdConfig<AtomicTraits<T, D, 128, 64, 4, 2, 2>>;
   using Atomic2x4 = BwdConfig<AtomicTraits<T, D, 128, 64, 2, 4, 2>>;
   using AtomicPair = BwdConfig<AtomicTraits<T, D, 64, 64, 2, 2, 2>>;
@@ -67,16 +67,21 @@ struct Configs {
   // runs lean (traits.h). At d = 128 dV and dK alone would take 128 registers per thread, beside S^T's
   // and dP^T's 128.
   using AtomicTall = BwdConfig<AtomicTraits<T, D, 128, 128, 2, 4, 2>>;
+  // The same, with FlashAttention 2's dV/dK grid (4 x 2 warps, tiles 32 keys x 32 columns: 8 ldmatrix per
+  // k16 step instead of 10) and XOR-stepped addresses (device.cuh, Operand): +3.5 to +4.6 % at N >= 4096
+  // (step5.md #19-20). At d = 128 neither helps (the 4 x 2 dV/dK grid reads as much; XOR steps cost 1 %).
+  using AtomicTallKv = BwdConfig<AtomicTraits<T, D, 128, 128, 2, 4, 2, 4, true>>;
 
   // d = 128: the 64-key dQ tiles won at every point of the step 6 sweep (+1.5 to +4%, step5.md).
   using Deterministic = std::conditional_t<D == 128, DetQ, Det4>;
-  using AtomicSm90 = std::conditional_t<D == 64, AtomicTall, Atomic2x4>;
+  using AtomicSm90 = std::conditional_t<D == 64, AtomicTallKv, Atomic2x4>;
   using AtomicSm120 = AtomicSmall;
   static_assert(Deterministic::kSmemBytes <= kSm120SmemBytes && AtomicSm120::kSmemBytes <= kSm120SmemBytes,
                 "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
   // Every configuration --variant can name (step 6 sweeps them).
   using Shared = ConfigList<Det4, Det4S3, Det8, DetQ, Atomic, Atomic2x4, AtomicPair, AtomicSmall>;
-  using All = std::conditional_t<D == 64, typename Append<Shared, AtomicTall>::type, Shared>;
+  using All = std::conditional_t<D == 64, typename Append<typename Append<Shared, AtomicTall>::type, AtomicTallKv>::type,
+                                 Shared>;
 };
 
 // X(T, D, Name) for each configuration of Configs<T, D>::Shared, in the same order, and X(T, 64, Name) for
@@ -85,15 +90,16 @@ struct Configs {
 #define FA_STEP5_FOR_EACH_CONFIG(X, T, D) \
   X(T, D, Det4) X(T, D, Det4S3) X(T, D, Det8) X(T, D, DetQ) X(T, D, Atomic) X(T, D, Atomic2x4) X(T, D, AtomicPair) \
       X(T, D, AtomicSmall)
-#define FA_STEP5_FOR_EACH_D64_CONFIG(X, T) X(T, 64, AtomicTall)
+#define FA_STEP5_FOR_EACH_D64_CONFIG(X, T) X(T, 64, AtomicTall) X(T, 64, AtomicTallKv)
 
 template <class Cfg>
 std::string config_name() {
   using KV = typename Cfg::DkDv;
   const std::string kv = "kv" + std::to_string(KV::Bc) + "x" + std::to_string(KV::Bq);
   if constexpr (Cfg::kAtomic) {
-    const std::string grid = "-w" + std::to_string(KV::kWarpsK) + "x" + std::to_string(KV::kWarpsQ);
-    return kv + grid + "-S" + std::to_string(KV::kStages) + "-atomic";
+    std::string grid = "-w" + std::to_string(KV::kWarpsK) + "x" + std::to_string(KV::kWarpsQ);
+    if (KV::kDkvWarpsK != KV::kWarpsK) grid += "-dkv" + std::to_string(KV::kDkvWarpsK) + "x" + std::to_string(KV::kDkvWarpsD);
+    return kv + grid + "-S" + std::to_string(KV::kStages) + (KV::kXorSteps ? "-xor" : "") + "-atomic";
   } else {
     using DQ = typename Cfg::Dq;
     return kv + "-S" + std::to_string(KV::kStages) + "-q" + std::to_string(DQ::Br) + "x" + std::to_string(DQ::Bc) +

@@ -64,6 +64,47 @@ __device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], uint32_t base, in
   ptx::ldmatrix_x4_trans(b, base + tile_offset<Rows>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, n0 + (lane >> 4) * 8));
 }
 
+// The same three patterns as operands of a warp: a tile's base and the warp's first row (A, B) or head-dim
+// column (B.trans), then fragments at compile-time steps i (rows or columns) and kk. Two ways to form the
+// addresses, the same bytes (the atomic kernel's XorSteps, traits.h, picks):
+//   plain      load_a / load_b / load_b_trans above: the whole swizzle at each load, left to the compiler.
+//   XOR steps  this lane's first address once; because the 128-byte swizzle XORs the 16-byte chunk index
+//              (address bits 4-6) with row % 8 and tiles start on 1024 bytes, a step of 8k rows is an add
+//              (row % 8 unchanged) and a step of dcol columns inside a panel an XOR of those bits: one
+//              instruction or none per ldmatrix, at the price of lane addresses held in registers. It needs
+//              the first row to be a multiple of 8 and the first column's chunk bits disjoint from the
+//              steps' (a multiple of a power of two larger than they are).
+// Which is faster depends on the kernel's register pressure; measured per configuration (step5.md #20).
+enum class Frag { kA, kB, kBTrans };
+template <int Rows, Frag kFrag, bool kXorSteps>
+struct Operand {
+  uint32_t addr;  // with XOR steps, this lane's address of the first fragment; otherwise the tile's base
+  int first;      // otherwise, the warp's first row or column
+  __device__ __forceinline__ Operand(uint32_t base, int first_) : addr(base), first(first_) {
+    const int lane = threadIdx.x % 32;
+    if constexpr (kXorSteps && kFrag == Frag::kA)
+      addr = base + uint32_t(first_ * 128) + tile_offset<Rows>(lane & 15, (lane >> 4) * 8);
+    else if constexpr (kXorSteps && kFrag == Frag::kB)
+      addr = base + uint32_t(first_ * 128) + tile_offset<Rows>((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8);
+    else if constexpr (kXorSteps)
+      addr = base + tile_offset<Rows>((lane & 7) + ((lane >> 3) & 1) * 8, first_ + (lane >> 4) * 8);
+  }
+  // A: rows first + i .. +15, k = 16kk; B: n = rows first + i .. +15, k = 16kk; B.trans: k = rows 16kk .. +15,
+  // n = columns first + i .. +15.
+  __device__ __forceinline__ void load(uint32_t (&f)[4], int i, int kk) const {
+    if constexpr (!kXorSteps) {
+      if constexpr (kFrag == Frag::kA) load_a<Rows>(f, addr, first + i, kk);
+      else if constexpr (kFrag == Frag::kB) load_b<Rows>(f, addr, first + i, kk);
+      else load_b_trans<Rows>(f, addr, kk, first + i);
+    } else {
+      const int drow = kFrag == Frag::kBTrans ? 16 * kk : i, dcol = kFrag == Frag::kBTrans ? i : 16 * kk;
+      const uint32_t a = (addr ^ uint32_t((dcol % 64) / 8 << 4)) + uint32_t((dcol / 64) * Rows * 128 + drow * 128);
+      if constexpr (kFrag == Frag::kBTrans) ptx::ldmatrix_x4_trans(f, a);
+      else ptx::ldmatrix_x4(f, a);
+    }
+  }
+};
+
 // The fp32 C fragments of n8 tiles 2kk and 2kk+1 (16 rows x 16 columns) are, packed to 16 bits, exactly
 // the A fragment of k16 step kk: step 4's P-to-A trick, no shared-memory round trip.
 template <typename T, int NT>

@@ -75,32 +75,44 @@ struct DqTraits {
 };
 
 // The atomic variant's kernel (atomic.cuh). Warp (wk, wq), wk < WarpsK, wq < WarpsQ, computes
-//   S^T, dP^T  [kWarpKeys = Bc / WarpsK keys,  kWarpQueries = Bq / WarpsQ queries]
-//   dV, dK     [kWarpKeys keys,                kWarpDkv = D / WarpsQ columns]
-//   dQ         [kWarpQueries queries,          kWarpDq = D / WarpsK columns]
-// so each operand tile is read by WarpsK or WarpsQ warps, not by all of them as in the dK/dV kernel.
-template <typename T_, int D_, int Bc_, int Bq_, int WarpsK_, int WarpsQ_, int Stages_>
+//   S^T, dP^T  [kWarpKeys = Bc / WarpsK keys,        kWarpQueries = Bq / WarpsQ queries]
+//   dQ         [kWarpQueries queries,                kWarpDq = D / WarpsK columns]
+// and, on a grid of its own (DkvWarpsK x kWarps / DkvWarpsK, by default the same as S^T's), warp
+// (warp % DkvWarpsK, warp / DkvWarpsK) computes
+//   dV, dK     [kWarpKeysDkv = Bc / DkvWarpsK keys,  kWarpDkv = D / (kWarps / DkvWarpsK) columns]
+// so each operand tile is read by a few warps, not by all of them as in the dK/dV kernel. dV and dK may
+// take their own grid because their A operands, P^T and dS^T, come from shared memory, which every warp
+// can read (FlashAttention 2's AtomLayoutNdKV).
+// XorSteps: how the kernel forms its ldmatrix addresses (device.cuh, Operand).
+template <typename T_, int D_, int Bc_, int Bq_, int WarpsK_, int WarpsQ_, int Stages_, int DkvWarpsK_ = WarpsK_,
+          bool XorSteps_ = false>
 struct AtomicTraits {
   using T = T_;
   static constexpr int D = D_, Bc = Bc_, Bq = Bq_, kWarpsK = WarpsK_, kWarpsQ = WarpsQ_, kStages = Stages_;
   static constexpr bool kAtomicDq = true;
   static constexpr int kWarps = kWarpsK * kWarpsQ, kThreads = 32 * kWarps;
   static constexpr int kPanels = D / 64;
-  static constexpr int kWarpKeys = Bc / kWarpsK, kWarpQueries = Bq / kWarpsQ;
-  static constexpr int kWarpDkv = D / kWarpsQ, kWarpDq = D / kWarpsK;
+  static constexpr int kWarpKeys = Bc / kWarpsK, kWarpQueries = Bq / kWarpsQ, kWarpDq = D / kWarpsK;
+  static constexpr int kDkvWarpsK = DkvWarpsK_, kDkvWarpsD = kWarps / kDkvWarpsK;
+  static constexpr int kWarpKeysDkv = Bc / kDkvWarpsK, kWarpDkv = D / kDkvWarpsD;
+  static constexpr bool kXorSteps = XorSteps_;
 
   static_assert(sizeof(T) == 2, "tensor-core operands are bf16 or fp16");
   static_assert(D == 64 || D == 128, "d is split into 64-column panels, the width of the 128-byte swizzle");
   static_assert(Bc % kWarpsK == 0 && Bq % kWarpsQ == 0, "the warps split the keys and the queries evenly");
-  static_assert(kWarpKeys % 16 == 0, "a warp's keys are whole m16 tiles (rows of S^T, dV and dK)");
+  static_assert(kWarps % kDkvWarpsK == 0 && Bc % kDkvWarpsK == 0, "the dV/dK grid splits the warps and the keys evenly");
+  static_assert(kWarpKeys % 16 == 0 && kWarpKeysDkv % 16 == 0, "a warp's keys are whole m16 tiles (rows of S^T, dV and dK)");
   static_assert(kWarpQueries % 16 == 0,
                 "a warp's queries are whole m16 tiles of dQ and pairs of n8 tiles of S^T (one ldmatrix.x4)");
   static_assert(kWarpDkv % 16 == 0 && kWarpDq % 16 == 0, "head-dim columns are read 16 at a time (ldmatrix.x4.trans)");
+  static_assert((kWarpDkv & (kWarpDkv - 1)) == 0 && (kWarpDq & (kWarpDq - 1)) == 0,
+                "a warp's head-dim columns start at a multiple of a power of two, so steps within them may be XORs of "
+                "the swizzled address (device.cuh, Operand)");
   static_assert(Bc <= 256 && Bq <= 256, "a TMA box spans at most 256 rows");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 Q/dO stages: the producer refills a slot one step late");
   static_assert(2 * Bq <= kWarps * 32, "one thread fetches each LSE and D value of a query tile");
-  // Per thread: dK and dV (2 x kWarpKeys x kWarpDkv / 32) + S^T and dP^T (2 x kWarpKeys x kWarpQueries / 32).
-  static constexpr int kFragRegs = 2 * kWarpKeys * kWarpDkv / 32 + 2 * kWarpKeys * kWarpQueries / 32;
+  // Per thread: dK and dV (2 x kWarpKeysDkv x kWarpDkv / 32) + S^T and dP^T (2 x kWarpKeys x kWarpQueries / 32).
+  static constexpr int kFragRegs = 2 * kWarpKeysDkv * kWarpDkv / 32 + 2 * kWarpKeys * kWarpQueries / 32;
   static_assert(kFragRegs <= 200, "fragments alone would exceed the 255-register limit once addresses are added");
 
   static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
