@@ -18,7 +18,8 @@
 // device.cuh), so the blocks of one head add into different dQ rows at a time (docs/results/step5.md #13).
 // At d = 64 the sm_90 tiles are FlashAttention 2's, Bq = 128, with `lean` P^T/dS^T buffers (traits.h) and
 // a bufs_free barrier; P^T and dS^T go to shared memory with stmatrix, and the LSE and D of a step's
-// queries are staged there one step ahead (step5.md #16-18).
+// queries are staged there one step ahead (step5.md #16-18). Its dV/dK products run on a 4 x 2 grid of
+// their own (traits.h, DkvWarpsK) and its ldmatrix addresses are XOR-stepped (device.cuh, Operand; #19-20).
 // Paper equations (FlashAttention-2, Algorithm 2, the inner loop, transposed as in dkdv.cuh; i: query,
 // j: key; Z: the dropout multiplier, 0 or 1/(1-p)):
 //   S^T = K Q^T,  P^T_ji = exp(scale S^T_ji - LSE_i)          [Bc, Bq]  masked entries 0
