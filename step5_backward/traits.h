@@ -105,9 +105,9 @@ struct AtomicTraits {
   static_assert(kWarpQueries % 16 == 0,
                 "a warp's queries are whole m16 tiles of dQ and pairs of n8 tiles of S^T (one ldmatrix.x4)");
   static_assert(kWarpDkv % 16 == 0 && kWarpDq % 16 == 0, "head-dim columns are read 16 at a time (ldmatrix.x4.trans)");
-  static_assert((kWarpDkv & (kWarpDkv - 1)) == 0 && (kWarpDq & (kWarpDq - 1)) == 0,
-                "a warp's head-dim columns start at a multiple of a power of two, so steps within them may be XORs of "
-                "the swizzled address (device.cuh, Operand)");
+  static_assert(!kXorSteps || ((kWarpDkv & (kWarpDkv - 1)) == 0 && (kWarpDq & (kWarpDq - 1)) == 0),
+                "XOR steps need a warp's head-dim columns to start at a multiple of a power of two larger than its "
+                "steps, so that the steps' chunk bits are disjoint from the start's (device.cuh, Operand)");
   static_assert(Bc <= 256 && Bq <= 256, "a TMA box spans at most 256 rows");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 Q/dO stages: the producer refills a slot one step late");
   static_assert(2 * Bq <= kWarps * 32, "one thread fetches each LSE and D value of a query tile");
