@@ -8,8 +8,8 @@
 //    read the whole Q and dO tile, twice: the kernel is bound by shared-memory bandwidth. Here warp
 //    (wk, wq) of a WarpsK x WarpsQ grid computes (traits.h, AtomicTraits)
 //      S^T, dP^T   kWarpKeys x kWarpQueries     (keys wk, queries wq)
-//      dV, dK      kWarpKeys x kWarpDkv         (keys wk, head-dim columns wq)
-//      dQ          kWarpQueries x kWarpDq       (queries wq, head-dim columns wk)
+//      dV, dK      kWarpKeysDkv x kWarpDkv      (by default keys wk, head-dim columns wq)
+//      dQ          kWarpQueriesDq x kWarpDq     (by default queries wq, head-dim columns wk)
 //    With 4 x 2 warps, Bc = 128 and Bq = 64 at d = 128 every warp tile is 32 x 32 or 32 x 64, and a block
 //    reads about 9.5 KB of shared memory per query row instead of the dK/dV kernel's 13; the sm_90
 //    default, 2 x 4 warps, reads more and is still faster (docs/results/step5.md #9-10). The price: a warp's dV and dK need P^T and dS^T of its partner's
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kNQ = Tr::kWarpQueries / 8;   // n8 tiles of queries per warp    (S^T, dP^T)
   constexpr int kMKd = Tr::kWarpKeysDkv / 16; // m16 tiles of keys per warp      (dV, dK)
   constexpr int kND = Tr::kWarpDkv / 8;       // n8 tiles of head dim per warp   (dV, dK)
-  constexpr int kMQ = Tr::kWarpQueries / 16;  // m16 tiles of queries per warp   (dQ)
+  constexpr int kMQ = Tr::kWarpQueriesDq / 16; // m16 tiles of queries per warp   (dQ)
   constexpr int kNDq = Tr::kWarpDq / 8;       // n8 tiles of head dim per warp   (dQ)
   constexpr uint32_t kQBytes = Tr::kQBytes, kKVBytes = Tr::kKVBytes;
   const AttnParams& p = bp.a;
@@ -100,10 +100,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const int wk = warp % Tr::kWarpsK, wq = warp / Tr::kWarpsK;
   const int key0 = wk * Tr::kWarpKeys;     // this warp's first key (in the tile): S^T, dP^T rows
-  const int qry0 = wq * Tr::kWarpQueries;  // its first query (in the step's tile): S^T columns, dQ rows
-  const int dq0 = wk * Tr::kWarpDq;        // its first head-dim column of dQ
+  const int qry0 = wq * Tr::kWarpQueries;  // its first query (in the step's tile): S^T columns
   const int keyd0 = warp % Tr::kDkvWarpsK * Tr::kWarpKeysDkv;  // on the dV/dK grid: its first key (rows)
   const int dkv0 = warp / Tr::kDkvWarpsK * Tr::kWarpDkv;       // and its first head-dim column
+  const int qdq0 = warp / Tr::kDqWarpsD * Tr::kWarpQueriesDq;  // on the dQ grid: its first query (rows)
+  const int dq0 = warp % Tr::kDqWarpsD * Tr::kWarpDq;          // and its first head-dim column
   const KeyBlockWork w(p, Bc, Bq, /*rotate=*/true);  // which keys, which query tiles (device.cuh)
 
   // The LSE (in log2 units) and D of iteration it's Bq query rows go through shared memory: thread x < Bq
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const Operand<Bc, Frag::kA, kXor> k_a(k_base, key0), v_a(v_base, key0);  // S^T, dP^T: A = K, V rows
   const Operand<Bc, Frag::kBTrans, kXor> k_bt(k_base, dq0);                // dQ: B = K, k = keys
 
-  // dQ_i += dS K for the queries of iteration `it`: [kWarpQueries, kWarpDq] per warp, k = the Bc keys.
+  // dQ_i += dS K for the queries of iteration `it`: [kWarpQueriesDq, kWarpDq] per warp, k = the Bc keys.
   // A = dS, read transposed out of the stored dS^T [keys, queries]; B = K rows (k = keys), as in dq.cuh.
   // The sums go into dq_accum with 8-byte atomics: blocks of other key tiles add into the same rows.
   auto add_dq = [&](int it) {
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int mq = 0; mq < kMQ; ++mq) {
         // Matrix m = lane / 8: keys 16kk + 8 (m / 2), queries 16mq + 8 (m % 2) of the warp's, transposed.
-        const int key = 16 * kk + (lane & 7) + 8 * (lane >> 4), query = qry0 + 16 * mq + 8 * ((lane >> 3) & 1);
+        const int key = 16 * kk + (lane & 7) + 8 * (lane >> 4), query = qdq0 + 16 * mq + 8 * ((lane >> 3) & 1);
         ptx::ldmatrix_x4_trans(a[mq], ds_base + uint32_t(key * kPitch + query) * sizeof(T));
       }
 #pragma unroll
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int mq = 0; mq < kMQ; ++mq)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = qry0 + 16 * mq + g + 8 * r;
+        const int row = qdq0 + 16 * mq + g + 8 * r;
         if (q0 + row >= p.Nq) continue;  // zero-filled rows past the end of Q: nothing to add, nowhere to add it
 #pragma unroll
         for (int nd = 0; nd < kNDq; ++nd)

@@ -69,28 +69,35 @@ struct Configs {
   using AtomicTall = BwdConfig<AtomicTraits<T, D, 128, 128, 2, 4, 2>>;
   // The same, with FlashAttention 2's dV/dK grid (4 x 2 warps, tiles 32 keys x 32 columns: 8 ldmatrix per
   // k16 step instead of 10) and XOR-stepped addresses (device.cuh, Operand): +3.5 to +4.6 % at N >= 4096
-  // (step5.md #19-20). At d = 128 neither helps (the 4 x 2 dV/dK grid reads as much; XOR steps cost 1 %).
+  // (step5.md #19-20). At d = 128 XOR steps cost 1 %, and the 4 x 2 dV/dK grid alone reads as many bytes.
   using AtomicTallKv = BwdConfig<AtomicTraits<T, D, 128, 128, 2, 4, 2, 4, true>>;
+  // d = 128 only: the 2 x 4 grid's Bq = 64 tiles with FlashAttention 2's dV/dK and dQ grids, 4 x 2 over
+  // (keys x columns) and 2 x 4 over (queries x columns): dV/dK tiles 32 x 64 (12 ldmatrix per k16 step, as
+  // 64 x 32), dQ tiles 32 x 32 (4 per k16 step instead of the 16 x 64 tiles' 5): +1.8 to +2.1 % at
+  // N >= 4096 over Atomic2x4, the dQ grid alone +1.1 % (step5.md #21).
+  //                             T  D  Bc   Bq  WarpsK WarpsQ Stages DkvWarpsK XorSteps DqWarpsQ
+  using AtomicKvDq = BwdConfig<AtomicTraits<T, D, 128, 64, 2, 4, 2, 4, false, 2>>;
 
   // d = 128: the 64-key dQ tiles won at every point of the step 6 sweep (+1.5 to +4%, step5.md).
   using Deterministic = std::conditional_t<D == 128, DetQ, Det4>;
-  using AtomicSm90 = std::conditional_t<D == 64, AtomicTallKv, Atomic2x4>;
+  using AtomicSm90 = std::conditional_t<D == 64, AtomicTallKv, AtomicKvDq>;
   using AtomicSm120 = AtomicSmall;
   static_assert(Deterministic::kSmemBytes <= kSm120SmemBytes && AtomicSm120::kSmemBytes <= kSm120SmemBytes,
                 "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
   // Every configuration --variant can name (step 6 sweeps them).
   using Shared = ConfigList<Det4, Det4S3, Det8, DetQ, Atomic, Atomic2x4, AtomicPair, AtomicSmall>;
   using All = std::conditional_t<D == 64, typename Append<typename Append<Shared, AtomicTall>::type, AtomicTallKv>::type,
-                                 Shared>;
+                                 typename Append<Shared, AtomicKvDq>::type>;
 };
 
-// X(T, D, Name) for each configuration of Configs<T, D>::Shared, in the same order, and X(T, 64, Name) for
-// those d = 64 adds: the instances_*.cu files compile their kernels with them (a name missing here fails
-// at link time, not silently).
+// X(T, D, Name) for each configuration of Configs<T, D>::Shared, in the same order, and X(T, 64, Name) and
+// X(T, 128, Name) for those one head dim adds: the instances_*.cu files compile their kernels with them (a
+// name missing here fails at link time, not silently).
 #define FA_STEP5_FOR_EACH_CONFIG(X, T, D) \
   X(T, D, Det4) X(T, D, Det4S3) X(T, D, Det8) X(T, D, DetQ) X(T, D, Atomic) X(T, D, Atomic2x4) X(T, D, AtomicPair) \
       X(T, D, AtomicSmall)
 #define FA_STEP5_FOR_EACH_D64_CONFIG(X, T) X(T, 64, AtomicTall) X(T, 64, AtomicTallKv)
+#define FA_STEP5_FOR_EACH_D128_CONFIG(X, T) X(T, 128, AtomicKvDq)
 
 template <class Cfg>
 std::string config_name() {
@@ -99,6 +106,7 @@ std::string config_name() {
   if constexpr (Cfg::kAtomic) {
     std::string grid = "-w" + std::to_string(KV::kWarpsK) + "x" + std::to_string(KV::kWarpsQ);
     if (KV::kDkvWarpsK != KV::kWarpsK) grid += "-dkv" + std::to_string(KV::kDkvWarpsK) + "x" + std::to_string(KV::kDkvWarpsD);
+    if (KV::kDqWarpsQ != KV::kWarpsQ) grid += "-dq" + std::to_string(KV::kDqWarpsQ) + "x" + std::to_string(KV::kDqWarpsD);
     return kv + grid + "-S" + std::to_string(KV::kStages) + (KV::kXorSteps ? "-xor" : "") + "-atomic";
   } else {
     using DQ = typename Cfg::Dq;

@@ -76,25 +76,28 @@ struct DqTraits {
 
 // The atomic variant's kernel (atomic.cuh). Warp (wk, wq), wk < WarpsK, wq < WarpsQ, computes
 //   S^T, dP^T  [kWarpKeys = Bc / WarpsK keys,        kWarpQueries = Bq / WarpsQ queries]
-//   dQ         [kWarpQueries queries,                kWarpDq = D / WarpsK columns]
-// and, on a grid of its own (DkvWarpsK x kWarps / DkvWarpsK, by default the same as S^T's), warp
-// (warp % DkvWarpsK, warp / DkvWarpsK) computes
+// and, each on a grid of its own, warp (warp % DkvWarpsK, warp / DkvWarpsK) and warp
+// (warp / kDqWarpsD, warp % kDqWarpsD) compute
 //   dV, dK     [kWarpKeysDkv = Bc / DkvWarpsK keys,  kWarpDkv = D / (kWarps / DkvWarpsK) columns]
-// so each operand tile is read by a few warps, not by all of them as in the dK/dV kernel. dV and dK may
-// take their own grid because their A operands, P^T and dS^T, come from shared memory, which every warp
-// can read (FlashAttention 2's AtomLayoutNdKV).
+//   dQ         [kWarpQueriesDq = Bq / DqWarpsQ,      kWarpDq = D / (kWarps / DqWarpsQ) columns]
+// so each operand tile is read by a few warps, not by all of them as in the dK/dV kernel. By default both
+// follow S^T's grid (dV/dK: keys wk, columns wq; dQ: queries wq, columns wk). They may differ because
+// their A operands, P^T and dS^T, come from shared memory, which every warp can read (FlashAttention 2's
+// AtomLayoutNdKV and AtomLayoutMdQ).
 // XorSteps: how the kernel forms its ldmatrix addresses (device.cuh, Operand).
 template <typename T_, int D_, int Bc_, int Bq_, int WarpsK_, int WarpsQ_, int Stages_, int DkvWarpsK_ = WarpsK_,
-          bool XorSteps_ = false>
+          bool XorSteps_ = false, int DqWarpsQ_ = WarpsQ_>
 struct AtomicTraits {
   using T = T_;
   static constexpr int D = D_, Bc = Bc_, Bq = Bq_, kWarpsK = WarpsK_, kWarpsQ = WarpsQ_, kStages = Stages_;
   static constexpr bool kAtomicDq = true;
   static constexpr int kWarps = kWarpsK * kWarpsQ, kThreads = 32 * kWarps;
   static constexpr int kPanels = D / 64;
-  static constexpr int kWarpKeys = Bc / kWarpsK, kWarpQueries = Bq / kWarpsQ, kWarpDq = D / kWarpsK;
+  static constexpr int kWarpKeys = Bc / kWarpsK, kWarpQueries = Bq / kWarpsQ;
   static constexpr int kDkvWarpsK = DkvWarpsK_, kDkvWarpsD = kWarps / kDkvWarpsK;
   static constexpr int kWarpKeysDkv = Bc / kDkvWarpsK, kWarpDkv = D / kDkvWarpsD;
+  static constexpr int kDqWarpsQ = DqWarpsQ_, kDqWarpsD = kWarps / kDqWarpsQ;
+  static constexpr int kWarpQueriesDq = Bq / kDqWarpsQ, kWarpDq = D / kDqWarpsD;
   static constexpr bool kXorSteps = XorSteps_;
 
   static_assert(sizeof(T) == 2, "tensor-core operands are bf16 or fp16");
@@ -102,8 +105,9 @@ struct AtomicTraits {
   static_assert(Bc % kWarpsK == 0 && Bq % kWarpsQ == 0, "the warps split the keys and the queries evenly");
   static_assert(kWarps % kDkvWarpsK == 0 && Bc % kDkvWarpsK == 0, "the dV/dK grid splits the warps and the keys evenly");
   static_assert(kWarpKeys % 16 == 0 && kWarpKeysDkv % 16 == 0, "a warp's keys are whole m16 tiles (rows of S^T, dV and dK)");
-  static_assert(kWarpQueries % 16 == 0,
-                "a warp's queries are whole m16 tiles of dQ and pairs of n8 tiles of S^T (one ldmatrix.x4)");
+  static_assert(kWarps % kDqWarpsQ == 0 && Bq % kDqWarpsQ == 0, "the dQ grid splits the warps and the queries evenly");
+  static_assert(kWarpQueries % 16 == 0 && kWarpQueriesDq % 16 == 0,
+                "a warp's queries are pairs of n8 tiles of S^T (one ldmatrix.x4) and whole m16 tiles of dQ");
   static_assert(kWarpDkv % 16 == 0 && kWarpDq % 16 == 0, "head-dim columns are read 16 at a time (ldmatrix.x4.trans)");
   static_assert(!kXorSteps || ((kWarpDkv & (kWarpDkv - 1)) == 0 && (kWarpDq & (kWarpDq - 1)) == 0),
                 "XOR steps need a warp's head-dim columns to start at a multiple of a power of two larger than its "
