@@ -20,6 +20,7 @@
 // a bufs_free barrier; P^T and dS^T go to shared memory with stmatrix, and the LSE and D of a step's
 // queries are staged there one step ahead (step5.md #16-18). Its dV/dK products run on a 4 x 2 grid of
 // their own (traits.h, DkvWarpsK) and its ldmatrix addresses are XOR-stepped (device.cuh, Operand; #19-20).
+// At d = 128 (Bq = 64) both dV/dK and dQ run on grids of their own, 4 x 2 and 2 x 4 (DqWarpsQ; #21).
 // Paper equations (FlashAttention-2, Algorithm 2, the inner loop, transposed as in dkdv.cuh; i: query,
 // j: key; Z: the dropout multiplier, 0 or 1/(1-p)):
 //   S^T = K Q^T,  P^T_ji = exp(scale S^T_ji - LSE_i)          [Bc, Bq]  masked entries 0
