@@ -4,31 +4,29 @@
 // 1. dQ in the same kernel. The block also adds its share of dQ into an fp32 buffer with atomics
 //    (FlashAttention-2, Algorithm 2, its last line), so S and dP are computed once: 5 matrix products
 //    instead of the deterministic variant's 7, at the price of a summation order that varies run to run.
-// 2. A two-dimensional warp layout. In dkdv.cuh each warp owns 16 keys for every product, so all warps
-//    read the whole Q and dO tile, twice: the kernel is bound by shared-memory bandwidth. Here warp
-//    (wk, wq) of a WarpsK x WarpsQ grid computes (traits.h, AtomicTraits)
-//      S^T, dP^T   kWarpKeys x kWarpQueries     (keys wk, queries wq)
-//      dV, dK      kWarpKeysDkv x kWarpDkv      (by default keys wk, head-dim columns wq)
-//      dQ          kWarpQueriesDq x kWarpDq     (by default queries wq, head-dim columns wk)
-//    With 4 x 2 warps, Bc = 128 and Bq = 64 at d = 128 every warp tile is 32 x 32 or 32 x 64, and a block
-//    reads about 9.5 KB of shared memory per query row instead of the dK/dV kernel's 13; the sm_90
-//    default, 2 x 4 warps, reads more and is still faster (docs/results/step5.md #9-10). The price: a warp's dV and dK need P^T and dS^T of its partner's
-//    queries, so both are parked in shared memory and a barrier separates their stores from those reads.
-// Each block also starts its sweep over the query tiles at its own key tile's index (KeyBlockWork's rotate,
-// device.cuh), so the blocks of one head add into different dQ rows at a time (docs/results/step5.md #13).
-// At d = 64 the sm_90 tiles are FlashAttention 2's, Bq = 128, with `lean` P^T/dS^T buffers (traits.h) and
-// a bufs_free barrier; P^T and dS^T go to shared memory with stmatrix, and the LSE and D of a step's
-// queries are staged there one step ahead (step5.md #16-18). Its dV/dK products run on a 4 x 2 grid of
-// their own (traits.h, DkvWarpsK) and its ldmatrix addresses are XOR-stepped (device.cuh, Operand; #19-20).
-// At d = 128 (Bq = 64) both dV/dK and dQ run on grids of their own, 4 x 2 and 2 x 4 (DqWarpsQ; #21).
+// 2. Two-dimensional warp layouts. In dkdv.cuh each warp owns 16 keys for every product, so all warps read
+//    the whole Q and dO tile, twice: the kernel is bound by shared-memory bandwidth. Here each product has
+//    a warp grid (traits.h, AtomicTraits; the sm_90 defaults at d = 64 / 128, Bc = 128, Bq = 128 / 64):
+//      product     per warp                   grid (d = 64 / 128)                 tile (d = 64 / 128)
+//      S^T, dP^T   kWarpKeys x kWarpQueries   2 x 4 over keys x queries           64 x 32 / 64 x 16
+//      dV, dK      kWarpKeysDkv x kWarpDkv    4 x 2 over keys x columns           32 x 32 / 32 x 64
+//      dQ          kWarpQueriesDq x kWarpDq   4 x 2 / 2 x 4 over queries x cols   32 x 32 / 32 x 32
+//    so each operand tile is read by a few warps. The price: a warp's dV, dK and dQ need P^T and dS^T of
+//    queries and keys other warps computed, so both are parked in shared memory (stmatrix) and a split
+//    barrier separates their stores from those reads (docs/results/step5.md #8-10, #17, #19, #21).
+// Also: each block starts its sweep over the query tiles at its own key tile's index (KeyBlockWork's
+// rotate, device.cuh: the blocks of one head add into different dQ rows at a time, #13); the LSE and D of
+// a step's queries are staged in shared memory one step ahead (#18); at d = 64 the Bq = 128 tiles leave
+// room for only `lean` P^T/dS^T buffers and a bufs_free barrier (traits.h, #16), and the ldmatrix
+// addresses are XOR-stepped (device.cuh, Operand; #20).
 // Paper equations (FlashAttention-2, Algorithm 2, the inner loop, transposed as in dkdv.cuh; i: query,
 // j: key; Z: the dropout multiplier, 0 or 1/(1-p)):
 //   S^T = K Q^T,  P^T_ji = exp(scale S^T_ji - LSE_i)          [Bc, Bq]  masked entries 0
 //   dP^T = (V dO^T) o Z^T,  dS^T_ji = P^T_ji (dP^T_ji - D_i)  [Bc, Bq]
 //   dV += (P^T o Z^T) dO,  dK += dS^T Q                       [Bc, d]   (dK times scale at the end)
 //   dQ_i += dS K                                              [Bq, d]   fp32 atomics (scale applied later)
-// Limits: d = 64 or 128, bf16/fp16; the sm_90 tiles (201 / 220 KB of shared memory at d = 64 / 128) do not fit
-// sm_120's 99 KB, which takes smaller tiles (configs.h).
+// Limits: d = 64 or 128, bf16/fp16; the sm_90 tiles (201 / 220 KB of shared memory at d = 64 / 128) do not
+// fit sm_120's 99 KB, which takes smaller tiles (configs.h).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
