@@ -70,12 +70,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
   using T = typename Tr::T;
   constexpr int D = Tr::D, Bc = Tr::Bc, Bq = Tr::Bq, kStages = Tr::kStages, kPanels = Tr::kPanels, kPitch = Tr::kPitch;
-  constexpr int kMK = Tr::kWarpKeys / 16;     // m16 tiles of keys per warp      (S^T, dP^T)
-  constexpr int kNQ = Tr::kWarpQueries / 8;   // n8 tiles of queries per warp    (S^T, dP^T)
-  constexpr int kMKd = Tr::kWarpKeysDkv / 16; // m16 tiles of keys per warp      (dV, dK)
-  constexpr int kND = Tr::kWarpDkv / 8;       // n8 tiles of head dim per warp   (dV, dK)
-  constexpr int kMQ = Tr::kWarpQueriesDq / 16; // m16 tiles of queries per warp   (dQ)
-  constexpr int kNDq = Tr::kWarpDq / 8;       // n8 tiles of head dim per warp   (dQ)
+  constexpr int kMK = Tr::kWarpKeys / 16;       // m16 tiles of keys per warp      (S^T, dP^T)
+  constexpr int kNQ = Tr::kWarpQueries / 8;     // n8 tiles of queries per warp    (S^T, dP^T)
+  constexpr int kMKd = Tr::kWarpKeysDkv / 16;   // m16 tiles of keys per warp      (dV, dK)
+  constexpr int kND = Tr::kWarpDkv / 8;         // n8 tiles of head dim per warp   (dV, dK)
+  constexpr int kMQ = Tr::kWarpQueriesDq / 16;  // m16 tiles of queries per warp   (dQ)
+  constexpr int kNDq = Tr::kWarpDq / 8;         // n8 tiles of head dim per warp   (dQ)
   constexpr uint32_t kQBytes = Tr::kQBytes, kKVBytes = Tr::kKVBytes;
   const AttnParams& p = bp.a;
 

@@ -32,11 +32,11 @@ struct BwdConfig {
 template <class... Cfg>
 struct ConfigList {};
 
-template <class List, class Cfg>
+template <class List, class... More>
 struct Append;
-template <class... Cfg, class Last>
-struct Append<ConfigList<Cfg...>, Last> {
-  using type = ConfigList<Cfg..., Last>;
+template <class... Cfg, class... More>
+struct Append<ConfigList<Cfg...>, More...> {
+  using type = ConfigList<Cfg..., More...>;
 };
 
 template <typename T, int D>
@@ -86,7 +86,7 @@ struct Configs {
                 "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
   // Every configuration --variant can name (step 6 sweeps them).
   using Shared = ConfigList<Det4, Det4S3, Det8, DetQ, Atomic, Atomic2x4, AtomicPair, AtomicSmall>;
-  using All = std::conditional_t<D == 64, typename Append<typename Append<Shared, AtomicTall>::type, AtomicTallKv>::type,
+  using All = std::conditional_t<D == 64, typename Append<Shared, AtomicTall, AtomicTallKv>::type,
                                  typename Append<Shared, AtomicKvDq>::type>;
 };
 

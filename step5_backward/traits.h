@@ -121,19 +121,21 @@ struct AtomicTraits {
 
   static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
   static constexpr size_t kQBytes = size_t(Bq) * D * sizeof(T);   // one Q (or dO) tile of the ring
-  // P^T and dS^T: [Bc keys, Bq queries] 16-bit tiles. Rows are padded by 8 elements (16 bytes): the 32-bit
-  // stores of a C fragment and the 8 rows of an ldmatrix (.trans or not) then fall in 8 different 16-byte
-  // bank groups. Two P^T and three dS^T buffers let the split barrier alone order their reuse (atomic.cuh);
-  // where five do not fit in sm_90's 227 KB (Bq = 128), the kernel is `lean`: one P^T and two dS^T buffers,
-  // plus a `free` barrier that every warp passes before overwriting them.
+  // P^T and dS^T: [Bc keys, Bq queries] 16-bit tiles. Rows are padded by 8 elements (16 bytes): the 8 rows
+  // an stmatrix writes or an ldmatrix (.trans or not) reads then fall in 8 different 16-byte bank groups.
+  // Two P^T and three dS^T buffers let the split barrier alone order their reuse (atomic.cuh); where they
+  // do not fit in sm_90's 227 KB (Bq = 128), the kernel is `lean`: one P^T and two dS^T buffers, plus a
+  // bufs_free barrier: every thread arrives on it when done reading them and waits on it before overwriting.
   static constexpr int kPitch = Bq + 8;
   static constexpr size_t kPBytes = size_t(Bc) * kPitch * sizeof(T);
   static constexpr size_t kLseDBytes = 2 * 2 * Bq * sizeof(float);  // two slots of LSE and D, Bq rows each
   // alignment, K, V, the ring, LSE and D
   static constexpr size_t kTileBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + kLseDBytes;
   static constexpr size_t kRingBarrierBytes = 8 * (1 + 2 * kStages);  // kv_full, full[stages], empty[stages]
-  static constexpr bool kLean = kTileBytes + 5 * kPBytes + kRingBarrierBytes + 8 * 3 > kSm90SmemBytes;
-  static constexpr int kPBufs = kLean ? 1 : 2, kDsBufs = kLean ? 2 : 3;
+  static constexpr int kFullPBufs = 2, kFullDsBufs = 3;  // without the lean barrier: ds_ready[3]
+  static constexpr bool kLean =
+      kTileBytes + (kFullPBufs + kFullDsBufs) * kPBytes + kRingBarrierBytes + 8 * kFullDsBufs > kSm90SmemBytes;
+  static constexpr int kPBufs = kLean ? 1 : kFullPBufs, kDsBufs = kLean ? 2 : kFullDsBufs;
   // and ds_ready[kDsBufs], bufs_free (lean only)
   static constexpr size_t kBarrierBytes = kRingBarrierBytes + 8 * (kDsBufs + (kLean ? 1 : 0));
   static constexpr size_t kSmemBytes =
