@@ -6,8 +6,8 @@
 #include <cmath>
 #include <limits>
 
-#include "common/dropout.h"
-#include "common/dtype.h"
+#include "core/dropout.h"
+#include "core/dtype.h"
 
 namespace fa::step1 {
 
@@ -125,7 +125,7 @@ class CpuRunner final : public Runner {
   void run() override { res_ = attention<float>(p_, in_, false); }
   // The reference recomputes the forward inside its backward: step 1 keeps nothing between calls.
   void run_backward() override { res_ = attention<float>(p_, in_, true); }
-  Outputs outputs() override { return {res_.o, res_.lse, res_.dq, res_.dk, res_.dv}; }
+  Outputs outputs() override { return res_; }
 
  private:
   Problem p_;
@@ -139,13 +139,19 @@ Stage stage() {
   Stage s;
   s.name = "step1_cpu_reference";
   s.title = "CPU reference (Eigen, fp32)";
-  s.gpu = false;
   s.has_backward = true;
   s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
   s.make = [](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
     return std::make_unique<CpuRunner>(p, in);
   };
   return s;
+}
+
+Oracle oracle() {
+  Oracle o;
+  o.exact = [](const Problem& p, const Inputs& in) { return attention<double>(p, in, p.backward); };
+  o.naive_low_precision = [](const Problem& p, const Inputs& in) { return attention<float>(p, in, p.backward, p.dtype); };
+  return o;
 }
 
 }  // namespace fa::step1

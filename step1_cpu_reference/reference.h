@@ -2,13 +2,13 @@
 //
 // What it is: attention exactly as the textbook writes it, with every intermediate materialised.
 // It is the oracle every later stage is checked against (run in fp64), and, run in float with the
-// roundings of a low-precision framework, the baseline of the tolerance rule (common/metrics.h).
+// roundings of a low-precision framework, the baseline of the tolerance rule (core/metrics.h).
 //
 // Forward, per batch b and query head h (KV head h / group):
 //   S = scale * Q K^T                         [Nq, Nk]   masked entries = -inf
 //   P = softmax(S) = exp(S - rowmax) / rowsum [Nq, Nk]   the 3-pass "safe" softmax
 //   LSE = rowmax + log(rowsum)                [Nq]
-//   Pd = P * Z / (1 - p)                      [Nq, Nk]   Z = the Philox keep mask (common/dropout.h)
+//   Pd = P * Z / (1 - p)                      [Nq, Nk]   Z = the Philox keep mask (core/dropout.h)
 //   O = Pd V                                  [Nq, d]
 // Backward, given dO [Nq, d]:
 //   D = rowsum(dO * O)        dV = Pd^T dO      dPd = dO V^T      dP = dPd * Z / (1 - p)
@@ -17,17 +17,15 @@
 //
 // Limits: O(Nq * Nk) memory per head; that quadratic footprint is what FlashAttention removes.
 #pragma once
-#include "common/problem.h"
-#include "common/stage.h"
-#include "common/tensor.h"
+#include "core/problem.h"
+#include "core/stage.h"
+#include "core/tensor.h"
 
 namespace fa::step1 {
 
+// O [B, Hq, Nq, d], LSE [B, Hq, Nq], and dQ, dK, dV when backward, in precision T.
 template <typename T>
-struct Result {
-  TensorT<T> o, lse;      // [B, Hq, Nq, d], [B, Hq, Nq]
-  TensorT<T> dq, dk, dv;  // filled when backward
-};
+using Result = OutputsT<T>;
 
 // `emulate` = fp32: plain arithmetic in T. bf16/fp16: round S, P, Pd, O, dPd, dP, dS and the gradients
 // to that type after each step, as an eager framework computing in that precision would (T = float).
@@ -39,5 +37,9 @@ extern template Result<double> attention<double>(const Problem&, const Inputs&, 
 
 // The registry entry of this stage.
 Stage stage();
+
+// The oracle of --check and of the tests: attention<double>, and attention<float> emulating the problem's
+// dtype as the tolerance rule's baseline (core/metrics.h).
+Oracle oracle();
 
 }  // namespace fa::step1

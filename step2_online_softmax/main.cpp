@@ -8,7 +8,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
-#include "common/harness.h"
+#include "harness/cli.h"
+#include "step1_cpu_reference/reference.h"
 #include "step2_online_softmax/online.h"
 
 namespace {
@@ -40,7 +41,7 @@ int run_all(const fa::Stage& s, fa::CommonOptions& o, const fa::step2::Config& c
     auto runner = s.make(p, in, v);
     runner->run();
     if (o.check) {
-      const fa::CheckReport r = fa::check_against_reference(p, in, runner->outputs());
+      const fa::CheckReport r = fa::check_against(fa::step1::oracle(), p, in, runner->outputs());
       std::printf("%12.3e %12.3e %6s ", r.stage[0].max_abs, r.stage[1].max_abs, r.pass ? "pass" : "FAIL");
       failures += r.pass ? 0 : 1;
     } else {
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     const fa::Stage s = fa::step2::stage(cfg);
-    return o.variant.empty() && !o.list_variants ? run_all(s, o, cfg) : fa::run_stage(s, o);
+    return o.variant.empty() && !o.list_variants ? run_all(s, o, cfg) : fa::run_stage(s, fa::step1::oracle(), o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step2_online_softmax: error: %s\n", e.what());
     return 2;

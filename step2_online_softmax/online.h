@@ -3,7 +3,7 @@
 // What this stage adds over step 1: the same attention, computed without ever holding a whole row of
 // scores. Step 1 materialises S [Nq, Nk] and runs the 3-pass safe softmax over it; here the keys arrive
 // one tile at a time and each query row keeps only a running state (m_i, l_i, acc_i)
-// (common/online_softmax.h). Five variants, each its own function, from the textbook to FlashAttention:
+// (core/online_softmax.h). Five variants, each its own function, from the textbook to FlashAttention:
 //
 //   3pass   row max, row sum of exp(S - max), normalise; then P V               (step 1's algorithm)
 //   2pass   K tiled, Q and V untiled: pass 1 per tile the local max LM and local sums, one barrier for
@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
-#include "common/dropout.h"
-#include "common/online_softmax.h"
-#include "common/stage.h"
+#include "core/dropout.h"
+#include "core/online_softmax.h"
+#include "core/stage.h"
 
 namespace fa::step2 {
 

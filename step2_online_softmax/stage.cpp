@@ -81,7 +81,6 @@ Stage stage(const Config& cfg) {
   Stage s;
   s.name = "step2_online_softmax";
   s.title = "online softmax on the CPU: 3-pass, 2-pass, online, FlashAttention-1 and -2 loop orders";
-  s.gpu = false;
   s.has_backward = false;
   s.variants = {"3pass", "2pass", "online", "fa1", "fa2"};
   s.unsupported = [](const Problem&, const std::string&) { return std::string(); };

@@ -7,7 +7,7 @@
 #include <Eigen/Dense>
 #include <cmath>
 
-#include "common/problem.h"
+#include "core/problem.h"
 #include "online.h"
 
 namespace fa::step2 {

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "common/random.h"
+#include "core/random.h"
 #include "step1_cpu_reference/reference.h"
 #include "tiles.h"
 

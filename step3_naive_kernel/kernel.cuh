@@ -2,7 +2,7 @@
 //
 // What it adds over step 2: the same online-softmax loop, now on the GPU. One warp owns one query row
 // and walks over the keys in tiles of 32 (one key per lane), keeping the state (m_i, l_i, acc_i) of
-// common/online_softmax.h in registers. K and V are read straight from global memory into registers:
+// core/online_softmax.h in registers. K and V are read straight from global memory into registers:
 // no shared memory, no tensor cores. The point is to prove the logic on the device before optimising.
 //
 // Per tile of keys j = t0 .. t0+31 (FlashAttention-2, Algorithm 1, lines 8-10, with Br = 1, Bc = 32):
@@ -20,11 +20,11 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "common/dropout.h"
-#include "common/gpu_runner.h"
-#include "common/gpu_types.h"
-#include "common/online_softmax.h"
-#include "common/problem.h"
+#include "core/dropout.h"
+#include "gpu/gpu_runner.h"
+#include "gpu/gpu_types.h"
+#include "core/online_softmax.h"
+#include "core/problem.h"
 
 namespace fa::step3 {
 

@@ -1,5 +1,6 @@
 // FlashAttention, step by step — step 3: launching the first CUDA kernel (step3_naive_kernel/launch.cu)
 #include "kernel.cuh"
+#include "gpu/platform.h"
 #include "naive.h"
 
 namespace fa::step3 {
@@ -27,7 +28,7 @@ Stage stage() {
   Stage s;
   s.name = "step3_naive_kernel";
   s.title = "naive CUDA kernel: one warp per row, K/V through registers, fp32 CUDA cores";
-  s.gpu = true;
+  s.platform = &cuda_platform();
   s.unsupported = [](const Problem& p, const std::string&) {
     if (p.Nq > 65535 * kWarpsPerBlock || p.Hq > 65535 || p.B > 65535) return std::string("grid too large");
     return head_dim_unsupported(p.d);

@@ -1,6 +1,6 @@
 // FlashAttention, step by step — step 3: the first CUDA kernel (registry entry).
 #pragma once
-#include "common/stage.h"
+#include "core/stage.h"
 
 namespace fa::step3 {
 Stage stage();

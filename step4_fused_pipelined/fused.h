@@ -3,8 +3,8 @@
 #include <functional>
 #include <string>
 
-#include "common/gpu_runner.h"
-#include "common/stage.h"
+#include "gpu/gpu_runner.h"
+#include "core/stage.h"
 
 namespace fa::step4 {
 

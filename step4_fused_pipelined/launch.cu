@@ -1,85 +1,59 @@
 // FlashAttention, step by step — step 4: configurations and launch (step4_fused_pipelined/launch.cu)
 //
-// The default tiles per head dim and per architecture. sm_120 (RTX 50-series) gives a block 99 KB of
-// shared memory, so its configs are checked against that at compile time; sm_90 (H100) allows 227 KB.
-// Variants: "auto" picks by the device's compute capability; "sm90" and "sm120" force one, so the
-// sm_120 configs run in the H100 test grid too.
+// Variants: "auto" picks the default of the device's architecture (configs.h); "sm90" and "sm120" force
+// one, so the sm_120 default runs on the H100 too; every configuration of configs.h is a variant by name.
 #include <functional>
 #include <stdexcept>
 
-#include "common/gpu_types.h"
-#include "common/tma.h"
-#include "fused.h"
-#include "kernel.cuh"
+#include "gpu/gpu_types.h"
+#include "gpu/platform.h"
+#include "gpu/tma.h"
+#include "step4_fused_pipelined/configs.h"
+#include "step4_fused_pipelined/fused.h"
+#include "step4_fused_pipelined/kernel.cuh"
 
 namespace fa::step4 {
-
-// A compile-time list of configurations; each can be picked by name at run time (--variant), so
-// comparing tile sizes never means editing source.
-template <class... Tr>
-struct ConfigList {};
-
-template <typename T, int D>
-struct Configs {
-  // H100 (measured, docs/results/step4.md): d = 128 wants long K/V tiles (Bc = 128: fewer trips of the
-  // loop, more math per barrier); d = 64 wants two blocks of 4 warps per SM, which desynchronise.
-  //                    T  D  Br              Bc               Warps           Stages
-  using Sm90 = FwdTraits<T, D, D == 64 ? 64 : 128, D == 64 ? 64 : 128, D == 64 ? 4 : 8, 2>;
-  // RTX 50-series: 99 KB per block. The best of the configs that fit, as measured on the H100.
-  using Sm120 = FwdTraits<T, D, 64, 64, 4, 2>;
-  static_assert(Sm120::kFitsSm120, "the sm_120 default must fit in sm_120's 99 KB of shared memory per block");
-  // Every configuration --variant can name (step 6 sweeps them): tile sizes, warps, pipeline depth.
-  using All = ConfigList<FwdTraits<T, D, 128, 64, 8, 1>, FwdTraits<T, D, 128, 64, 8, 2>, FwdTraits<T, D, 128, 64, 8, 3>,
-                         FwdTraits<T, D, 128, 128, 8, 2>, FwdTraits<T, D, 64, 64, 4, 2>, FwdTraits<T, D, 64, 64, 4, 3>,
-                         FwdTraits<T, D, 64, 128, 4, 2>, FwdTraits<T, D, 64, 64, 4, 2, /*Swizzle=*/false>>;
-};
-
-template <class Tr>
-std::string config_name() {
-  return "Br" + std::to_string(Tr::Br) + "-Bc" + std::to_string(Tr::Bc) + "-W" + std::to_string(Tr::kWarps) +
-         "-S" + std::to_string(Tr::kStages) + (Tr::kSwizzle ? "" : "-noswizzle");
-}
-
-template <class... Tr>
-std::vector<std::string> config_names(ConfigList<Tr...>) {
-  return {config_name<Tr>()...};
-}
-
-template <class... Tr>
-Stage::LaunchShape config_shape(const std::string& name, ConfigList<Tr...>) {
-  Stage::LaunchShape shape;
-  ((name == config_name<Tr>() ? (shape = {Tr::kSmemBytes, Tr::kThreads}, true) : false) || ...);
-  if (!shape.threads) throw std::invalid_argument("step 4 has no config " + name);
-  return shape;
-}
-
 namespace {
 
 // Set-up, outside any timed region: tensor maps, the shared-memory opt-in, the launch closure.
 template <class Tr>
 std::function<void()> prepare(const Problem& p, const AttnParams& params) {
-  require_smem_optin(Tr::kSmemBytes, "this config");
+  constexpr size_t kSmem = kFwdSmemBytes<Tr>;
+  require_smem_optin(kSmem, "this config");
   const CUtensorMap tq = make_tensor_map_bhnd(params.q, p.dtype, p.B * p.Hq, p.Nq, Tr::D, Tr::Br, Tr::kSwizzle);
   const CUtensorMap tk = make_tensor_map_bhnd(params.k, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, Tr::kSwizzle);
   const CUtensorMap tv = make_tensor_map_bhnd(params.v, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, Tr::kSwizzle);
   const CUtensorMap to = make_tensor_map_bhnd(params.o, p.dtype, p.B * p.Hq, p.Nq, Tr::D, 16, Tr::kSwizzle);  // a warp's rows
   auto kernel = params.dropout.threshold ? fused_forward<Tr, true> : fused_forward<Tr, false>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
   const int64_t blocks = (p.Nq + Tr::Br - 1) / Tr::Br * p.Hq * p.B;
   if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
   return [=] {
-    kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes>>>(tq, tk, tv, to, params);
+    kernel<<<unsigned(blocks), Tr::kThreads, kSmem>>>(tq, tk, tv, to, params);
     CUDA_CHECK_LAUNCH();
   };
 }
 
-template <class... Tr>
-std::function<void()> prepare_named(const std::string& name, const Problem& p, const AttnParams& params,
-                                    ConfigList<Tr...>) {
-  std::function<void()> f;
-  ((name == config_name<Tr>() ? (f = prepare<Tr>(p, params), true) : false) || ...);
-  if (!f) throw std::invalid_argument("step 4 has no config " + name);
-  return f;
+// The configuration name `variant` stands for at head dim D on compute capability cc_major.
+template <int D>
+std::string resolve(const std::string& variant, int cc_major) {
+  using C = Configs<__nv_bfloat16, D>;
+  if (variant == "sm120" || (variant == "auto" && cc_major >= 12)) return C::Sm120::name();
+  if (variant == "sm90" || variant == "auto") return C::Sm90::name();
+  return variant;
+}
+
+// Calls f(std::type_identity<Tr>{}) with the configuration of head dim D named `name` in element type T.
+template <class F>
+void with_problem_config(const Problem& p, const std::string& name, F&& f) {
+  dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    dispatch_head_dim(int(p.d), [&](auto dim) {
+      constexpr int D = decltype(dim)::value;
+      if (!with_config_named(name, typename Configs<T, D>::All{}, f))
+        throw std::invalid_argument("step 4 has no config " + name);
+    });
+  });
 }
 
 class FusedRunner final : public GpuRunner {
@@ -92,20 +66,16 @@ class FusedRunner final : public GpuRunner {
   std::function<void()> launch_;
 };
 
+std::string config_of(const Problem& p, const std::string& variant, int cc_major) {
+  return p.d == 64 ? resolve<64>(variant, cc_major) : resolve<128>(variant, cc_major);
+}
+
 }  // namespace
 
 std::function<void()> make_forward(const Problem& p, const AttnParams& params, const std::string& variant) {
-  const std::string cfg = variant != "auto" ? variant : compute_capability_major() >= 12 ? "sm120" : "sm90";
   std::function<void()> f;
-  dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
-    using T = decltype(t);
-    dispatch_head_dim(int(p.d), [&](auto dim) {
-      constexpr int D = decltype(dim)::value;
-      if (cfg == "sm120") f = prepare<typename Configs<T, D>::Sm120>(p, params);
-      else if (cfg == "sm90") f = prepare<typename Configs<T, D>::Sm90>(p, params);
-      else f = prepare_named(cfg, p, params, typename Configs<T, D>::All{});
-    });
-  });
+  with_problem_config(p, config_of(p, variant, compute_capability_major()),
+                      [&](auto cfg) { f = prepare<typename decltype(cfg)::type>(p, params); });
   return f;
 }
 
@@ -113,17 +83,17 @@ Stage stage() {
   Stage s;
   s.name = "step4_fused_pipelined";
   s.title = "fused forward: TMA ring of K/V stages, swizzled smem, mma.sync, P in registers";
-  s.gpu = true;
+  s.platform = &cuda_platform();
   s.variants = {"auto", "sm90", "sm120"};
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});
-  s.default_config = [](const Problem& p) {
-    const bool sm120 = compute_capability_major() >= 12;
-    return p.d == 64 ? (sm120 ? config_name<Configs<__nv_bfloat16, 64>::Sm120>() : config_name<Configs<__nv_bfloat16, 64>::Sm90>())
-                     : (sm120 ? config_name<Configs<__nv_bfloat16, 128>::Sm120>() : config_name<Configs<__nv_bfloat16, 128>::Sm90>());
-  };
+  s.config_of = config_of;
   s.launch_shape = [](const Problem& p, const std::string& v) {
-    return p.d == 64 ? config_shape(v, Configs<__nv_bfloat16, 64>::All{})
-                     : config_shape(v, Configs<__nv_bfloat16, 128>::All{});
+    Stage::LaunchShape shape;
+    with_problem_config(p, v, [&](auto cfg) {
+      using Tr = typename decltype(cfg)::type;
+      shape = {kFwdSmemBytes<Tr>, Tr::kThreads};
+    });
+    return shape;
   };
   s.unsupported = [](const Problem& p, const std::string&) {
     if (p.dtype == DType::fp32) return std::string("fp32 storage (tensor cores take bf16 or fp16)");

@@ -1,4 +1,7 @@
 // FlashAttention, step by step — step 4's executable: the common CLI around the fused forward kernel.
-#include "common/harness.h"
+// The stage hands itself and step 1's oracle (what --check compares with) to the harness.
+#include "harness/cli.h"
+#include "step1_cpu_reference/reference.h"
+#include "step4_fused_pipelined/fused.h"
 
-int main(int argc, char** argv) { return fa::stage_main("step4_fused_pipelined", argc, argv); }
+int main(int argc, char** argv) { return fa::stage_main(fa::step4::stage(), fa::step1::oracle(), argc, argv); }

@@ -1,6 +1,6 @@
 // FlashAttention, step by step — step 4: the online softmax on mma fragments (step4_fused_pipelined/softmax.h)
 //
-// The update of common/online_softmax.h, for the two rows (g and g + 8) a thread holds in the S
+// The update of core/online_softmax.h, for the two rows (g and g + 8) a thread holds in the S
 // accumulators, with two changes that matter on the GPU:
 //  - exp2 instead of exp, with the scale and log2(e) folded into one multiply-add:
 //      exp(scale * (s - m)) = exp2(s * scale_log2 - m * scale_log2)        (one FFMA + one MUFU.EX2)
@@ -11,7 +11,7 @@
 #pragma once
 #include <cmath>
 
-#include "common/ptx.h"
+#include "gpu/ptx.h"
 
 namespace fa::step4 {
 

@@ -33,8 +33,11 @@
 
 #include <type_traits>
 
-#include "common/problem.h"
-#include "device.cuh"
+#include "step4_fused_pipelined/dropout.cuh"
+#include "step4_fused_pipelined/mask.h"
+#include "step4_fused_pipelined/ring.cuh"
+#include "step5_backward/device.cuh"
+#include "step5_backward/traits.h"
 
 namespace fa::step5 {
 
@@ -63,7 +66,7 @@ __device__ __forceinline__ void warp_product_abt(float (&acc)[MK][NQ][4], const 
   }
 }
 
-// grid = ceil(Nk / Bc) * Hkv * B, block = 32 * WarpsK * WarpsQ threads, dynamic shared memory Tr::kSmemBytes.
+// grid = ceil(Nk / Bc) * Hkv * B, block = 32 * WarpsK * WarpsQ threads, dynamic shared memory AtomicSmem<Tr>::kBytes().
 template <class Tr, bool kDropout>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     atomic_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
@@ -76,24 +79,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kND = Tr::kWarpDkv / 8;         // n8 tiles of head dim per warp   (dV, dK)
   constexpr int kMQ = Tr::kWarpQueriesDq / 16;  // m16 tiles of queries per warp   (dQ)
   constexpr int kNDq = Tr::kWarpDq / 8;         // n8 tiles of head dim per warp   (dQ)
-  constexpr uint32_t kQBytes = Tr::kQBytes, kKVBytes = Tr::kKVBytes;
   const AttnParams& p = bp.a;
 
-  // ---- shared memory: [K | V | Q stages | dO stages | P^T x kPBufs | dS^T x kDsBufs | LSE, D x 2 | barriers]
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = ptx::align_1024(smem_raw);
-  T* sK = reinterpret_cast<T*>(smem);                                       // [kPanels][Bc, 64]
-  T* sV = reinterpret_cast<T*>(smem + kKVBytes);                            // [kPanels][Bc, 64]
-  T* sP = reinterpret_cast<T*>(smem + 2 * kKVBytes + 2 * kStages * kQBytes);  // [kPBufs][Bc, kPitch]
-  T* sdS = sP + Tr::kPBufs * Bc * kPitch;                                   // [kDsBufs][Bc, kPitch]
-  float* sLD = reinterpret_cast<float*>(sdS + Tr::kDsBufs * Bc * kPitch);    // [2][LSE (log2 units), D][Bq]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sLD + 4 * Bq);
-  uint64_t* kv_full = bars;                         // K and V tiles landed
-  uint64_t* ds_ready = bars + 1 + 2 * kStages;      // [kDsBufs] every thread has stored its P^T and dS^T values
-  uint64_t* bufs_free = ds_ready + Tr::kDsBufs;     // lean only: every thread is done reading them (below)
-  const QdoRing<Tr> ring{reinterpret_cast<T*>(smem + 2 * kKVBytes),                      // Q stages
-                         reinterpret_cast<T*>(smem + 2 * kKVBytes + kStages * kQBytes),  // dO stages
-                         bars + 1, bars + 1 + kStages, &tm_q, &tm_do};
+  AtomicSmem<Tr>& sm = *reinterpret_cast<AtomicSmem<Tr>*>(step4::align_1024(smem_raw));
+  const step4::TmaRing<kStages> ring{sm.full, sm.empty};  // the Q/dO ring
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -105,6 +95,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int qdq0 = warp / Tr::kDqWarpsD * Tr::kWarpQueriesDq;  // on the dQ grid: its first query (rows)
   const int dq0 = warp % Tr::kDqWarpsD * Tr::kWarpDq;          // and its first head-dim column
   const KeyBlockWork w(p, Bc, Bq, /*rotate=*/true);  // which keys, which query tiles (device.cuh)
+  auto load_q_do_tiles = [&](int it) { load_q_do<Tr>(sm, ring, w, p.Hq, it, &tm_q, &tm_do); };
 
   // The LSE (in log2 units) and D of iteration it's Bq query rows go through shared memory: thread x < Bq
   // fetches LSE of row q0 + x, thread Bq + x its D (0 past Nq), one iteration ahead, so that a warp reads
@@ -117,13 +108,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return threadIdx.x < Bq ? p.lse[row] * kLog2e : bp.dsum[row];
   };
   auto stage_lse_d = [&](int it, float v) {
-    if (threadIdx.x < 2 * Bq) sLD[(it % 2) * 2 * Bq + threadIdx.x] = v;
+    if (threadIdx.x < 2 * Bq) (&sm.lse_d[it % 2][0][0])[threadIdx.x] = v;
   };
   // Columns q0 + qry0 + 8nt + 2t + c (c = 0, 1) of row `which` (0: LSE, 1: D) of iteration it's slot.
   auto read_lse_d = [&](float (&v)[kNQ][2], int it, int which) {
 #pragma unroll
     for (int nt = 0; nt < kNQ; ++nt) {
-      const float2 pair = *reinterpret_cast<const float2*>(sLD + ((it % 2) * 2 + which) * Bq + qry0 + 8 * nt + 2 * t);
+      const float2 pair = *reinterpret_cast<const float2*>(&sm.lse_d[it % 2][which][qry0 + 8 * nt + 2 * t]);
       v[nt][0] = pair.x;
       v[nt][1] = pair.y;
     }
@@ -131,25 +122,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // ---- prologue: barriers, then K, V and the first kStages Q/dO tiles in flight ------------------------
   if (threadIdx.x == 0) {
-    ptx::mbar_init(kv_full, 1);
-    ring.init();
-    for (int s = 0; s < Tr::kDsBufs; ++s) ptx::mbar_init(&ds_ready[s], Tr::kThreads);
-    if constexpr (Tr::kLean) ptx::mbar_init(bufs_free, Tr::kThreads);
+    ptx::mbar_init(&sm.kv_full, 1);
+    ring.init(Tr::kWarps);
+    for (int s = 0; s < Tr::kDsBufs; ++s) ptx::mbar_init(&sm.ds_ready[s], Tr::kThreads);
+    if constexpr (Tr::kLean) ptx::mbar_init(&sm.lean.bufs_free, Tr::kThreads);
     ptx::fence_barrier_init();
   }
   if (w.n_iter > 0) stage_lse_d(0, fetch_lse_d(0));
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them; LSE, D of it 0
   if (threadIdx.x == 0) {
-    ptx::mbar_arrive_expect_tx(kv_full, 2 * kKVBytes);
+    ptx::mbar_arrive_expect_tx(&sm.kv_full, 2 * Tr::kKVBytes);
 #pragma unroll
     for (int c = 0; c < kPanels; ++c) {
-      ptx::tma_load_3d(sK + c * Bc * 64, &tm_k, c * 64, w.k0, w.bh_kv, kv_full);
-      ptx::tma_load_3d(sV + c * Bc * 64, &tm_v, c * 64, w.k0, w.bh_kv, kv_full);
+      ptx::tma_load_3d(sm.k + c * Bc * 64, &tm_k, c * 64, w.k0, w.bh_kv, &sm.kv_full);
+      ptx::tma_load_3d(sm.v + c * Bc * 64, &tm_v, c * 64, w.k0, w.bh_kv, &sm.kv_full);
     }
-    for (int n = 0; n < kStages && n < w.n_iter; ++n) ring.load(w, p.Hq, n);
+    for (int n = 0; n < kStages && n < w.n_iter; ++n) load_q_do_tiles(n);
   }
-  ptx::mbar_wait(kv_full, 0);  // K and V have landed (read for the whole kernel, never overwritten)
-  const uint32_t k_base = ptx::smem_u32(sK), v_base = ptx::smem_u32(sV);
+  ptx::mbar_wait(&sm.kv_full, 0);  // K and V have landed (read for the whole kernel, never overwritten)
+  const uint32_t k_base = ptx::smem_u32(sm.k), v_base = ptx::smem_u32(sm.v);
   constexpr bool kXor = Tr::kXorSteps;
   const Operand<Bc, Frag::kA, kXor> k_a(k_base, key0), v_a(v_base, key0);  // S^T, dP^T: A = K, V rows
   const Operand<Bc, Frag::kBTrans, kXor> k_bt(k_base, dq0);                // dQ: B = K, k = keys
@@ -158,7 +149,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // A = dS, read transposed out of the stored dS^T [keys, queries]; B = K rows (k = keys), as in dq.cuh.
   // The sums go into dq_accum with 8-byte atomics: blocks of other key tiles add into the same rows.
   auto add_dq = [&](int it) {
-    const uint32_t ds_base = ptx::smem_u32(sdS + (it % Tr::kDsBufs) * Bc * kPitch);
+    const uint32_t ds_base = ptx::smem_u32(sm.ds[it % Tr::kDsBufs]);
     float acc[kMQ][kNDq][4] = {};
 #pragma unroll
     for (int kk = 0; kk < Bc / 16; ++kk) {
@@ -198,7 +189,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float dk[kMKd][kND][4] = {}, dv[kMKd][kND][4] = {};  // rows: keys keyd0 + 16mi + g (+8); columns dkv0 + 8nd + 2t
   for (int it = 0; it < w.n_iter; ++it) {
     const int h = w.head(it), q0 = w.q0(it);
-    const uint32_t q_base = ptx::smem_u32(ring.q(it)), do_base = ptx::smem_u32(ring.dout(it));
+    const uint32_t q_base = ptx::smem_u32(sm.q[ring.slot(it)]), do_base = ptx::smem_u32(sm.dout[ring.slot(it)]);
     const float lse_d_next = it + 1 < w.n_iter ? fetch_lse_d(it + 1) : 0.0f;  // staged before ds_ready below
 
     // S^T = K Q^T: [kWarpKeys, kWarpQueries] per warp.
@@ -223,11 +214,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
-            const bool vis = !kMasked || (i < p.Nq && j < p.Nk && sees(p.causal, p.input_pos, i, j));
+            const bool vis = !kMasked || (i < p.Nq && step4::key_visible(p, i, j));
             s[mi][nt][e] = vis ? ptx::exp2_approx(fmaf(s[mi][nt][e], p.scale_log2, -lse2[nt][e % 2])) : 0.0f;
           }
     };
-    if (tile_needs_mask(p, q0, Bq, w.k0, Bc))
+    if (step4::tile_needs_mask(p, q0, Bq, w.k0, Bc))
       probabilities(std::true_type{});
     else
       probabilities(std::false_type{});
@@ -235,7 +226,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // dPd^T = V dO^T: the same product with V and dO.
     float dp[kMK][kNQ][4] = {};
     warp_product_abt<Tr>(dp, v_a, Operand<Bq, Frag::kB, kXor>(do_base, qry0));
-    ring.refill(w, p.Hq, it);  // after this warp's first products: the other warps are likely done with it - 1
+    ring.refill(it, w.n_iter, load_q_do_tiles);  // after this warp's first products: the other warps are likely done with it - 1
 
     // s becomes Pd^T = P^T Z^T and dp becomes dS^T = P^T (dPd^T Z^T - D) (masked entries have P = 0).
     float d_i[kNQ][2];
@@ -247,7 +238,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
-          const float z = kDropout ? dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
+          const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
           const float pr = s[mi][nt][e];
           s[mi][nt][e] = pr * z;
           dp[mi][nt][e] = pr * (dp[mi][nt][e] * z - d_i[nt][e % 2]);
@@ -258,10 +249,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // overwritten only once every thread has read P^T of it - 1 and dS^T of it - 2 (the bufs_free arrivals
     // at the end of iteration it - 1 say so); the products above gave the slowest warp time to get there.
     if constexpr (Tr::kLean)
-      if (it > 0) ptx::mbar_wait(bufs_free, uint32_t(it - 1) & 1);
-    T* p_buf = sP + (it % Tr::kPBufs) * Bc * kPitch;
-    T* ds_buf = sdS + (it % Tr::kDsBufs) * Bc * kPitch;
-    const uint32_t p_base = ptx::smem_u32(p_buf), ds_base = ptx::smem_u32(ds_buf);
+      if (it > 0) ptx::mbar_wait(&sm.lean.bufs_free, uint32_t(it - 1) & 1);
+    const uint32_t p_base = ptx::smem_u32(sm.p[it % Tr::kPBufs]), ds_base = ptx::smem_u32(sm.ds[it % Tr::kDsBufs]);
 #pragma unroll
     for (int mi = 0; mi < kMK; ++mi)
 #pragma unroll
@@ -279,7 +268,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // Iteration it + 1's LSE and D go into the slot that iteration it - 1 used: every thread finished reading
     // it before its arrival at it - 1, which this thread waited for; readers wait for this arrival.
     if (it + 1 < w.n_iter) stage_lse_d(it + 1, lse_d_next);
-    ptx::mbar_arrive(&ds_ready[it % Tr::kDsBufs]);
+    ptx::mbar_arrive(&sm.ds_ready[it % Tr::kDsBufs]);
 
     // A split barrier: between the arrival above and the wait below, the previous iteration's dQ (its dS^T
     // is complete: every thread waited for it), so a warp that arrives early works instead of idling.
@@ -288,7 +277,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // add_dq(it) (in iteration it + 1). P^T is read in its own iteration only: two buffers suffice.
     // Lean (two dS^T buffers, one P^T): the bufs_free wait above orders the reuse instead.
     if (it > 0) add_dq(it - 1);
-    ptx::mbar_wait(&ds_ready[it % Tr::kDsBufs], uint32_t(it / Tr::kDsBufs) & 1);
+    ptx::mbar_wait(&sm.ds_ready[it % Tr::kDsBufs], uint32_t(it / Tr::kDsBufs) & 1);
 
     // dV += Pd^T dO and dK += dS^T Q: [kWarpKeysDkv, kWarpDkv] per warp, k = the Bq queries. A = Pd^T (dS^T)
     // rows of the warp's keys, ldmatrix from the padded tiles; B = dO (Q) rows with k = query (.trans).
@@ -322,7 +311,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     ring.release(it);  // this warp is done with the Q and dO tiles of iteration it
     // Lean: this thread is also done with P^T of iteration it and dS^T of it - 1 (its add_dq came before the
     // wait above). Every thread arrives for its own reads, as on ds_ready.
-    if constexpr (Tr::kLean) ptx::mbar_arrive(bufs_free);
+    if constexpr (Tr::kLean) ptx::mbar_arrive(&sm.lean.bufs_free);
   }
   // The last iteration's dQ: every thread passed its wait on that dS^T, so the tile is complete.
   if (w.n_iter > 0) add_dq(w.n_iter - 1);

@@ -2,7 +2,7 @@
 #pragma once
 #include <string>
 
-#include "common/stage.h"
+#include "core/stage.h"
 
 namespace fa::step5 {
 

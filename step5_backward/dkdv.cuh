@@ -23,8 +23,11 @@
 
 #include <type_traits>
 
-#include "common/problem.h"
-#include "device.cuh"
+#include "step4_fused_pipelined/dropout.cuh"
+#include "step4_fused_pipelined/mask.h"
+#include "step4_fused_pipelined/ring.cuh"
+#include "step5_backward/device.cuh"
+#include "step5_backward/traits.h"
 
 namespace fa::step5 {
 
@@ -45,7 +48,7 @@ __device__ __forceinline__ void load_lse_d(float (&lse2)[NT][2], float (&d_i)[NT
     }
 }
 
-// grid = ceil(Nk / Bc) * Hkv * B, block = 32 * Warps threads, dynamic shared memory Tr::kSmemBytes.
+// grid = ceil(Nk / Bc) * Hkv * B, block = 32 * Warps threads, dynamic shared memory DkDvSmem<Tr>::kBytes().
 template <class Tr, bool kDropout>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
@@ -54,51 +57,44 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int D = Tr::D, Bc = Tr::Bc, Bq = Tr::Bq, kStages = Tr::kStages, kPanels = Tr::kPanels;
   constexpr int kQTiles = Bq / 8;  // n8 tiles of S^T and dP^T (query columns)
   constexpr int kDTiles = D / 8;   // n8 tiles of dK and dV (head-dim columns)
-  constexpr uint32_t kQBytes = Tr::kQBytes, kKVBytes = Tr::kKVBytes;
   const AttnParams& p = bp.a;
 
-  // ---- shared memory: [K | V | Q stages | dO stages | barriers], panels 1024-byte aligned ---------------
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = ptx::align_1024(smem_raw);
-  T* sK = reinterpret_cast<T*>(smem);                     // [kPanels][Bc, 64]
-  T* sV = reinterpret_cast<T*>(smem + kKVBytes);          // [kPanels][Bc, 64]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + 2 * kKVBytes + 2 * kStages * kQBytes);
-  uint64_t* kv_full = bars;  // K and V tiles landed
-  const QdoRing<Tr> ring{reinterpret_cast<T*>(smem + 2 * kKVBytes),                      // Q stages
-                         reinterpret_cast<T*>(smem + 2 * kKVBytes + kStages * kQBytes),  // dO stages
-                         bars + 1, bars + 1 + kStages, &tm_q, &tm_do};
+  DkDvSmem<Tr>& sm = *reinterpret_cast<DkDvSmem<Tr>*>(step4::align_1024(smem_raw));
+  const step4::TmaRing<kStages> ring{sm.full, sm.empty};  // the Q/dO ring
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const KeyBlockWork w(p, Bc, Bq);  // which keys, which query tiles (device.cuh)
   const int k0 = w.k0;
+  auto load_q_do_tiles = [&](int it) { load_q_do<Tr>(sm, ring, w, p.Hq, it, &tm_q, &tm_do); };
 
   // ---- prologue: barriers, then K, V and the first kStages Q/dO tiles in flight ------------------------
   if (threadIdx.x == 0) {
-    ptx::mbar_init(kv_full, 1);
-    ring.init();
+    ptx::mbar_init(&sm.kv_full, 1);
+    ring.init(Tr::kWarps);
     ptx::fence_barrier_init();
   }
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
   if (threadIdx.x == 0) {
-    ptx::mbar_arrive_expect_tx(kv_full, 2 * kKVBytes);
+    ptx::mbar_arrive_expect_tx(&sm.kv_full, 2 * Tr::kKVBytes);
 #pragma unroll
     for (int c = 0; c < kPanels; ++c) {
-      ptx::tma_load_3d(sK + c * Bc * 64, &tm_k, c * 64, k0, w.bh_kv, kv_full);
-      ptx::tma_load_3d(sV + c * Bc * 64, &tm_v, c * 64, k0, w.bh_kv, kv_full);
+      ptx::tma_load_3d(sm.k + c * Bc * 64, &tm_k, c * 64, k0, w.bh_kv, &sm.kv_full);
+      ptx::tma_load_3d(sm.v + c * Bc * 64, &tm_v, c * 64, k0, w.bh_kv, &sm.kv_full);
     }
-    for (int n = 0; n < kStages && n < w.n_iter; ++n) ring.load(w, p.Hq, n);
+    for (int n = 0; n < kStages && n < w.n_iter; ++n) load_q_do_tiles(n);
   }
-  ptx::mbar_wait(kv_full, 0);  // K and V have landed (read for the whole kernel, never overwritten)
+  ptx::mbar_wait(&sm.kv_full, 0);  // K and V have landed (read for the whole kernel, never overwritten)
 
   float dk[kDTiles][4] = {}, dv[kDTiles][4] = {};  // rows: keys g, g+8 of the warp; columns 8nd + 2t, +1
   const int key_g = k0 + 16 * warp + g;           // absolute key of this thread's row g
-  const uint32_t k_base = ptx::smem_u32(sK), v_base = ptx::smem_u32(sV);
+  const uint32_t k_base = ptx::smem_u32(sm.k), v_base = ptx::smem_u32(sm.v);
 
   for (int it = 0; it < w.n_iter; ++it) {
     const int h = w.head(it), q0 = w.q0(it);
     const int64_t row_off = (int64_t(w.b) * p.Hq + h) * p.Nq;  // LSE and D of head h start here
-    const uint32_t q_base = ptx::smem_u32(ring.q(it)), do_base = ptx::smem_u32(ring.dout(it));
+    const uint32_t q_base = ptx::smem_u32(sm.q[ring.slot(it)]), do_base = ptx::smem_u32(sm.dout[ring.slot(it)]);
 
     float lse2[kQTiles][2], d_i[kQTiles][2];  // of this thread's query columns q0 + 8nt + 2t + c
     load_lse_d(lse2, d_i, bp, row_off, q0);
@@ -123,7 +119,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         ptx::mma_16816<T>(dp[2 * np + 1], va, {dob[2], dob[3]});
       }
     }
-    ring.refill(w, p.Hq, it);  // after this warp's first products: the other warps are likely done with it - 1
+    ring.refill(it, w.n_iter, load_q_do_tiles);  // after this warp's first products: the other warps are likely done with it - 1
 
     // Element-wise, on the C fragments: s[nt][e] is key key_g + 8 (e / 2), query q0 + 8nt + 2t + e % 2.
     // s becomes Pd^T = P^T Z^T and dp becomes dS^T = P^T (dPd^T Z^T - D). Masked entries (causal, beyond
@@ -136,14 +132,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = q0 + nt * 8 + 2 * t + e % 2, j = key_g + 8 * (e / 2);
-          const bool vis = !kMasked || (i < p.Nq && j < p.Nk && sees(p.causal, p.input_pos, i, j));
+          const bool vis = !kMasked || (i < p.Nq && step4::key_visible(p, i, j));
           const float pr = vis ? ptx::exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[nt][e % 2])) : 0.0f;
-          const float z = kDropout ? dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
+          const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
           s[nt][e] = pr * z;
           dp[nt][e] = pr * (dp[nt][e] * z - d_i[nt][e % 2]);
         }
     };
-    if (tile_needs_mask(p, q0, Bq, k0, Bc))
+    if (step4::tile_needs_mask(p, q0, Bq, k0, Bc))
       elementwise(std::true_type{});
     else
       elementwise(std::false_type{});

@@ -1,5 +1,5 @@
 // FlashAttention, step by step — step 5: the bf16, d = 64 kernels of every configuration (configs.h).
-#include "prepare.cuh"
+#include "step5_backward/prepare.cuh"
 
-FA_STEP5_FOR_EACH_CONFIG(FA_STEP5_INSTANTIATE, __nv_bfloat16, 64)
-FA_STEP5_FOR_EACH_D64_CONFIG(FA_STEP5_INSTANTIATE, __nv_bfloat16)
+template std::function<void()> fa::step5::prepare_named<__nv_bfloat16, 64>(const std::string&, const fa::Problem&,
+                                                                   const fa::step5::BwdParams&);

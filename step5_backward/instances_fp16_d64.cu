@@ -1,5 +1,5 @@
 // FlashAttention, step by step — step 5: the fp16, d = 64 kernels of every configuration (configs.h).
-#include "prepare.cuh"
+#include "step5_backward/prepare.cuh"
 
-FA_STEP5_FOR_EACH_CONFIG(FA_STEP5_INSTANTIATE, __half, 64)
-FA_STEP5_FOR_EACH_D64_CONFIG(FA_STEP5_INSTANTIATE, __half)
+template std::function<void()> fa::step5::prepare_named<__half, 64>(const std::string&, const fa::Problem&,
+                                                                   const fa::step5::BwdParams&);

@@ -17,18 +17,19 @@
 #include <utility>
 #include <vector>
 
-#include "backward.h"
-#include "common/dtype.h"
-#include "common/gpu_types.h"
-#include "configs.h"
-#include "device.cuh"
+#include "core/dtype.h"
+#include "gpu/gpu_types.h"
+#include "gpu/platform.h"
 #include "step4_fused_pipelined/fused.h"
+#include "step5_backward/backward.h"
+#include "step5_backward/configs.h"
+#include "step5_backward/device.cuh"
 
 namespace fa::step5 {
 
-// Set-up of configuration Cfg (prepare.cuh); instances_*.cu compile one per dtype and head dim.
-template <class Cfg>
-std::function<void()> prepare(const Problem& p, const BwdParams& bp);
+// Set-up of the configuration named `name` (prepare.cuh); instances_*.cu compile one per dtype and head dim.
+template <typename T, int D>
+std::function<void()> prepare_named(const std::string& name, const Problem& p, const BwdParams& bp);
 
 std::string with_forward(const std::string& variant, const std::string& forward) {
   return variant + "/fwd=" + forward;
@@ -43,34 +44,42 @@ std::pair<std::string, std::string> split_variant(const std::string& v) {
                                  : std::make_pair(v.substr(0, at), v.substr(at + 5));
 }
 
-// The configuration name a variant stands for on this device and head dim.
-template <typename T, int D>
-std::string resolve_config(const std::string& variant) {
-  using C = Configs<T, D>;
-  if (variant == "deterministic") return config_name<typename C::Deterministic>();
-  if (variant == "atomic")
-    return compute_capability_major() >= 12 ? config_name<typename C::AtomicSm120>() : config_name<typename C::AtomicSm90>();
-  if (variant == "atomic-sm120") return config_name<typename C::AtomicSm120>();
+// The configuration name `variant` stands for at head dim D on compute capability cc_major.
+template <int D>
+std::string resolve(const std::string& variant, int cc_major) {
+  using C = Configs<__nv_bfloat16, D>;
+  if (variant == "deterministic") return C::Deterministic::name();
+  if (variant == "atomic") return cc_major >= 12 ? C::AtomicSm120::name() : C::AtomicSm90::name();
+  if (variant == "atomic-sm120") return C::AtomicSm120::name();
   return variant;
 }
 
-// Calls f with the BwdConfig named `name` in the list, or throws.
-template <class F, class... Cfg>
-void with_config(const std::string& name, int d, ConfigList<Cfg...>, F&& f) {
-  const bool found = ((name == config_name<Cfg>() ? (f(Cfg{}), true) : false) || ...);
-  if (!found) throw std::invalid_argument("step 5 has no config " + name + " for d = " + std::to_string(d));
+std::string config_of(const Problem& p, const std::string& variant, int cc_major) {
+  const std::string v = split_variant(variant).first;
+  return p.d == 64 ? resolve<64>(v, cc_major) : resolve<128>(v, cc_major);
 }
 
-// Calls f with the configuration `variant` resolves to for problem p.
+// Calls f(std::type_identity<Cfg>{}) with the configuration of p's dtype and head dim named `name`.
 template <class F>
-void with_problem_config(const Problem& p, const std::string& variant, F&& f) {
+void with_problem_config(const Problem& p, const std::string& name, F&& f) {
   dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
     using T = decltype(t);
     dispatch_head_dim(int(p.d), [&](auto dim) {
       constexpr int D = decltype(dim)::value;
-      with_config(resolve_config<T, D>(split_variant(variant).first), D, typename Configs<T, D>::All{}, f);
+      if (!with_config_named(name, typename Configs<T, D>::All{}, f))
+        throw std::invalid_argument("step 5 has no config " + name + " for d = " + std::to_string(D));
     });
   });
+}
+
+// The launch closure of configuration `name` for p.
+std::function<void()> prepare_config(const Problem& p, const std::string& name, const BwdParams& bp) {
+  std::function<void()> f;
+  dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    dispatch_head_dim(int(p.d), [&](auto dim) { f = prepare_named<T, decltype(dim)::value>(name, p, bp); });
+  });
+  return f;
 }
 
 // Step 4's runner state (Q, K, V, O, LSE on the device) plus dO, D and the three gradients (and the atomic
@@ -87,15 +96,15 @@ class BackwardRunner final : public GpuRunner {
     dk_ = DeviceBuffer(in.k.size() * bytes);
     dv_ = DeviceBuffer(in.v.size() * bytes);
     for (DeviceBuffer* b : {&dsum_, &dq_, &dk_, &dv_}) b->poison();
-    with_problem_config(p, variant, [&](auto cfg) {
-      using Cfg = decltype(cfg);
-      if constexpr (Cfg::kAtomic) {
+    const std::string config = config_of(p, variant, compute_capability_major());
+    with_problem_config(p, config, [&](auto cfg) {
+      if constexpr (decltype(cfg)::type::kAtomic) {
         dq_accum_ = DeviceBuffer(in.q.size() * sizeof(float));
         dq_accum_.poison();  // the memset inside the timed backward must clear it
       }
-      backward_ = prepare<Cfg>(p, BwdParams{params_, do_.get(), dsum_.as<float>(), dq_.get(), dq_accum_.as<float>(),
-                                            dk_.get(), dv_.get()});
     });
+    backward_ = prepare_config(p, config, BwdParams{params_, do_.get(), dsum_.as<float>(), dq_.get(),
+                                                    dq_accum_.as<float>(), dk_.get(), dv_.get()});
   }
   void run() override { forward_(); }
   void run_backward() override {
@@ -123,7 +132,7 @@ Stage stage() {
   Stage s;
   s.name = "step5_backward";
   s.title = "backward: dK/dV + dQ kernels (deterministic) or one kernel with atomic dQ; TMA ring, mma.sync";
-  s.gpu = true;
+  s.platform = &cuda_platform();
   s.has_backward = true;
   // "atomic-sm120" runs the atomic variant's sm_120 tiles on any GPU (the H100 test grid).
   s.variants = {"deterministic", "atomic", "atomic-sm120"};
@@ -132,21 +141,18 @@ Stage stage() {
     if (std::find(s.tuning_variants.begin(), s.tuning_variants.end(), n) == s.tuning_variants.end())
       s.tuning_variants.push_back(n);
   // The default is deterministic (two runs, same bits), and tuning must not trade that for speed: the
-  // atomic configurations (config_name ends their names in "-atomic") are no candidates for step 6.
+  // atomic configurations (their names end in "-atomic") are no candidates for step 6.
   s.tuning_exclusion = [](const std::string& config) {
     const bool atomic = config.size() > 7 && config.substr(config.size() - 7) == "-atomic";
     return atomic ? std::string("atomic dQ: results vary from run to run, the default is deterministic") : std::string();
   };
-  s.default_config = [](const Problem& p) {
-    std::string name;
-    with_problem_config(p, "deterministic", [&](auto cfg) { name = config_name<decltype(cfg)>(); });
-    return name;
-  };
+  s.forward_from = "step4_fused_pipelined";
+  s.config_of = config_of;
   s.launch_shape = [](const Problem& p, const std::string& v) {
     Stage::LaunchShape shape;
     with_problem_config(p, v, [&](auto cfg) {
-      using Cfg = decltype(cfg);
-      shape = {Cfg::kSmemBytes, Cfg::DkDv::kThreads};
+      using Cfg = typename decltype(cfg)::type;
+      shape = {Cfg::kSmemBytes, Cfg::kThreads};
     });
     return shape;
   };

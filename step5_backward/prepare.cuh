@@ -1,21 +1,22 @@
 // FlashAttention, step by step — step 5: set-up and launch of one configuration (step5_backward/prepare.cuh)
 //
 // prepare<Cfg> builds the tensor maps and shared-memory opt-ins of configuration Cfg (configs.h) outside
-// any timed region and returns the closure that launches its kernels (launch.cu picks Cfg by variant).
-// Included by the instances_*.cu files only, each instantiating it for one dtype and head dim.
+// any timed region and returns the closure that launches its kernels; prepare_named<T, D> does that for
+// the configuration of Configs<T, D>::All with a given name. Included by the instances_*.cu files only,
+// each instantiating prepare_named (so every kernel of the list) for one dtype and head dim.
 #pragma once
 #include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
 
-#include "common/gpu_types.h"
-#include "common/tma.h"
-#include "configs.h"
-#include "atomic.cuh"
-#include "dkdv.cuh"
-#include "dq.cuh"
-#include "preprocess.cuh"
+#include "gpu/gpu_types.h"
+#include "gpu/tma.h"
+#include "step5_backward/atomic.cuh"
+#include "step5_backward/configs.h"
+#include "step5_backward/dkdv.cuh"
+#include "step5_backward/dq.cuh"
+#include "step5_backward/preprocess.cuh"
 
 namespace fa::step5 {
 
@@ -75,27 +76,29 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
   if constexpr (Cfg::kAtomic) {
     const int64_t elems = rows * D;
     const unsigned cvt_blocks = grid_size((elems / 2 + kConvertThreads - 1) / kConvertThreads);
+    constexpr size_t kSmem = AtomicSmem<KV>::kBytes();
     auto kernel = drop ? atomic_kernel<KV, true> : atomic_kernel<KV, false>;
-    allow_smem(kernel, KV::kSmemBytes);
+    allow_smem(kernel, kSmem);
     return [=] {
       preprocess();
       CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, size_t(elems) * sizeof(float)));  // atomics add into zeros
-      kernel<<<kv_blocks, KV::kThreads, KV::kSmemBytes>>>(kv_q, kv_do, kv_k, kv_v, bp);
+      kernel<<<kv_blocks, KV::kThreads, kSmem>>>(kv_q, kv_do, kv_k, kv_v, bp);
       CUDA_CHECK_LAUNCH();
       convert_dq_kernel<T><<<cvt_blocks, kConvertThreads>>>(bp.dq_accum, static_cast<T*>(bp.dq), elems, a.scale);
       CUDA_CHECK_LAUNCH();
     };
   } else {
-    auto dkdv = drop ? dkdv_kernel<KV, true> : dkdv_kernel<KV, false>;
-    allow_smem(dkdv, KV::kSmemBytes);
     using DQ = typename Cfg::Dq;
+    constexpr size_t kKvSmem = DkDvSmem<KV>::kBytes(), kQSmem = DqSmem<DQ>::kBytes();
+    auto dkdv = drop ? dkdv_kernel<KV, true> : dkdv_kernel<KV, false>;
+    allow_smem(dkdv, kKvSmem);
     // dQ kernel: Q and dO in boxes of Br rows, K and V in boxes of Bc rows.
     const CUtensorMap dq_q = make_tensor_map_bhnd(a.q, p.dtype, BHq, p.Nq, D, DQ::Br);
     const CUtensorMap dq_do = make_tensor_map_bhnd(bp.dout, p.dtype, BHq, p.Nq, D, DQ::Br);
     const CUtensorMap dq_k = make_tensor_map_bhnd(a.k, p.dtype, BHkv, p.Nk, D, DQ::Bc);
     const CUtensorMap dq_v = make_tensor_map_bhnd(a.v, p.dtype, BHkv, p.Nk, D, DQ::Bc);
     auto dq = drop ? dq_kernel<DQ, true> : dq_kernel<DQ, false>;
-    allow_smem(dq, DQ::kSmemBytes);
+    allow_smem(dq, kQSmem);
     const unsigned q_blocks = grid_size((p.Nq + DQ::Br - 1) / DQ::Br * BHq);
     // The two kernels are independent (each needs only D): the dQ kernel runs on a second stream, forked
     // after the preprocess and joined before the backward ends, so that its blocks fill the SMs beside
@@ -105,9 +108,9 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
       preprocess();
       CUDA_CHECK(cudaEventRecord(side->fork, 0));
       CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->fork, 0));
-      dkdv<<<kv_blocks, KV::kThreads, KV::kSmemBytes>>>(kv_q, kv_do, kv_k, kv_v, bp);
+      dkdv<<<kv_blocks, KV::kThreads, kKvSmem>>>(kv_q, kv_do, kv_k, kv_v, bp);
       CUDA_CHECK_LAUNCH();
-      dq<<<q_blocks, DQ::kThreads, DQ::kSmemBytes, side->stream>>>(dq_q, dq_do, dq_k, dq_v, bp);
+      dq<<<q_blocks, DQ::kThreads, kQSmem, side->stream>>>(dq_q, dq_do, dq_k, dq_v, bp);
       CUDA_CHECK_LAUNCH();
       CUDA_CHECK(cudaEventRecord(side->join, side->stream));
       CUDA_CHECK(cudaStreamWaitEvent(0, side->join, 0));  // the default stream (and its timer) waits for dQ
@@ -115,9 +118,15 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
   }
 }
 
-}  // namespace fa::step5
+// The closure of the configuration of Configs<T, D>::All named `name` (launch.cu declares this; the
+// instances_*.cu files instantiate it, and with it every kernel of the list).
+template <typename T, int D>
+std::function<void()> prepare_named(const std::string& name, const Problem& p, const BwdParams& bp) {
+  std::function<void()> f;
+  if (!with_config_named(name, typename Configs<T, D>::All{},
+                         [&](auto cfg) { f = prepare<typename decltype(cfg)::type>(p, bp); }))
+    throw std::invalid_argument("step 5 has no config " + name + " for d = " + std::to_string(D));
+  return f;
+}
 
-// An explicit instantiation of prepare<> (and so of its kernels) for configuration Name of Configs<T, D>.
-#define FA_STEP5_INSTANTIATE(T, D, Name) \
-  template std::function<void()> fa::step5::prepare<fa::step5::Configs<T, D>::Name>(const fa::Problem&, \
-                                                                                    const fa::step5::BwdParams&);
+}  // namespace fa::step5

@@ -9,8 +9,8 @@
 #pragma once
 #include <cstdint>
 
-#include "common/gpu_types.h"
-#include "common/ptx.h"
+#include "gpu/gpu_types.h"
+#include "gpu/ptx.h"
 
 namespace fa::step5 {
 

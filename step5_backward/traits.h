@@ -1,33 +1,42 @@
 // FlashAttention, step by step — step 5: compile-time tile configuration of the backward kernels
 // (step5_backward/traits.h)
 //
-// Three kernels, three tile shapes (README.md, "the two-kernel split" and "the atomic variant"):
-//   DkDvTraits    one block owns Bc = 16 x Warps keys of one KV head (each warp 16 keys: the m16 of the
+// Three kernels, three tile shapes (README.md, "the two-kernel split" and "the atomic variant"), each given
+// by name (DkDvTiles, DqTiles, AtomicTiles), each with its shared memory declared as a type (*Smem) from
+// which the kernel's pointers and the launch's byte count both come:
+//   DkDvTraits    one block owns Bc = 16 x warps keys of one KV head (each warp 16 keys: the m16 of the
 //                 transposed products S^T = K Q^T and dP^T = V dO^T); Q and dO stream past in tiles of
-//                 Bq query rows through a ring of Stages shared-memory slots.
-//   DqTraits      one block owns Br = 16 x Warps query rows of one query head (each warp 16 rows, Q and dO
+//                 Bq query rows through step 4's TMA ring.
+//   DqTraits      one block owns Br = 16 x warps query rows of one query head (each warp 16 rows, Q and dO
 //                 in registers, as Q in step 4); K and V stream past in tiles of Bc keys.
 //   AtomicTraits  FlashAttention 2's single kernel (the atomic variant): a block owns Bc keys as in the
-//                 dK/dV kernel, but its WarpsK x WarpsQ warps tile every product in two dimensions, and
-//                 P^T and dS^T pass through shared memory; it also adds dS K into an fp32 dQ.
+//                 dK/dV kernel, but its warps tile every product in two dimensions, and P^T and dS^T pass
+//                 through shared memory; it also adds dS K into an fp32 dQ.
 // Every Q/K/V/dO tile is stored as D / 64 panels of [rows, 64] 16-bit elements with the 128-byte swizzle
 // (TMA writes them, ldmatrix reads them), so each panel must be 1024-byte aligned: rows % 8 == 0.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "gpu/gpu_types.h"
+#include "step4_fused_pipelined/kernel_traits.h"
 
 namespace fa::step5 {
 
-// Shared memory one block may use on sm_120 (RTX 50-series): 99 KB with the opt-in attribute.
-constexpr size_t kSm120SmemBytes = 99 * 1024;
-// And on sm_90 (H100), the most the atomic kernel's largest tiles may take.
-constexpr size_t kSm90SmemBytes = 227 * 1024;
+using step4::kSmemAlignSlack;
 
-template <typename T_, int D_, int Warps_, int Bq_, int Stages_>
+// ---- the dK/dV kernel --------------------------------------------------------------------------------
+struct DkDvTiles {
+  int warps = 4;   // Bc = 16 x warps keys per block
+  int Bq = 64;     // query rows per Q/dO tile of the ring
+  int stages = 2;  // Q/dO tiles in flight
+};
+
+template <typename T_, int D_, DkDvTiles kTiles>
 struct DkDvTraits {
   using T = T_;
-  static constexpr int D = D_, kWarps = Warps_, Bc = 16 * Warps_, Bq = Bq_, kStages = Stages_;
-  static constexpr bool kAtomicDq = false;
+  static constexpr int D = D_, kWarps = kTiles.warps, Bc = 16 * kWarps, Bq = kTiles.Bq, kStages = kTiles.stages;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPanels = D / 64;
 
@@ -42,18 +51,33 @@ struct DkDvTraits {
 
   static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
   static constexpr size_t kQBytes = size_t(Bq) * D * sizeof(T);   // one Q (or dO) tile of the ring
-  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages);  // kv_full, full[stages], empty[stages]
-
-  // 1024 bytes of slack align the dynamic shared base (16-byte aligned) to the panels' 1024 bytes.
-  static constexpr size_t kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + kBarrierBytes;
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
-  static constexpr bool kFitsSm120 = kSmemBytes <= kSm120SmemBytes;
 };
 
-template <typename T_, int D_, int Warps_, int Bc_, int Stages_>
+template <class Tr>
+struct DkDvSmem {
+  using T = typename Tr::T;
+  T k[Tr::Bc * Tr::D];                   // [kPanels][Bc, 64]  loaded once
+  T v[Tr::Bc * Tr::D];                   // [kPanels][Bc, 64]
+  T q[Tr::kStages][Tr::Bq * Tr::D];      // [kStages][kPanels][Bq, 64]  the Q/dO ring
+  T dout[Tr::kStages][Tr::Bq * Tr::D];   // [kStages][kPanels][Bq, 64]
+  uint64_t kv_full;                      // K and V landed
+  uint64_t full[Tr::kStages], empty[Tr::kStages];  // the ring's barriers (step 4's ring.cuh)
+
+  static constexpr size_t kBytes() { return kSmemAlignSlack + sizeof(DkDvSmem); }
+};
+
+// ---- the dQ kernel -----------------------------------------------------------------------------------
+struct DqTiles {
+  int warps = 4;   // Br = 16 x warps query rows per block
+  int Bc = 64;     // keys per K/V tile of the ring
+  int stages = 2;  // K/V tiles in flight
+};
+
+template <typename T_, int D_, DqTiles kTiles>
 struct DqTraits {
   using T = T_;
-  static constexpr int D = D_, kWarps = Warps_, Br = 16 * Warps_, Bc = Bc_, kStages = Stages_;
+  static constexpr int D = D_, kWarps = kTiles.warps, Br = 16 * kWarps, Bc = kTiles.Bc, kStages = kTiles.stages;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPanels = D / 64;
 
@@ -68,37 +92,60 @@ struct DqTraits {
 
   static constexpr size_t kQBytes = size_t(Br) * D * sizeof(T);   // the Q (or dO) tile, loaded once
   static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // one K (or V) tile of the ring
-  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages);  // q_full, full[stages], empty[stages]
-  static constexpr size_t kSmemBytes = 1024 + 2 * kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
-  static constexpr bool kFitsSm120 = kSmemBytes <= kSm120SmemBytes;
 };
 
-// The atomic variant's kernel (atomic.cuh). Warp (wk, wq), wk < WarpsK, wq < WarpsQ, computes
-//   S^T, dP^T  [kWarpKeys = Bc / WarpsK keys,        kWarpQueries = Bq / WarpsQ queries]
-// and, each on a grid of its own, warp (warp % DkvWarpsK, warp / DkvWarpsK) and warp
-// (warp / kDqWarpsD, warp % kDqWarpsD) compute
-//   dV, dK     [kWarpKeysDkv = Bc / DkvWarpsK keys,  kWarpDkv = D / (kWarps / DkvWarpsK) columns]
-//   dQ         [kWarpQueriesDq = Bq / DqWarpsQ,      kWarpDq = D / (kWarps / DqWarpsQ) columns]
-// so each operand tile is read by a few warps, not by all of them as in the dK/dV kernel. By default both
-// follow S^T's grid (dV/dK: keys wk, columns wq; dQ: queries wq, columns wk). They may differ because
-// their A operands, P^T and dS^T, come from shared memory, which every warp can read (FlashAttention 2's
-// AtomLayoutNdKV and AtomLayoutMdQ).
-// XorSteps: how the kernel forms its ldmatrix addresses (device.cuh, Operand).
-template <typename T_, int D_, int Bc_, int Bq_, int WarpsK_, int WarpsQ_, int Stages_, int DkvWarpsK_ = WarpsK_,
-          bool XorSteps_ = false, int DqWarpsQ_ = WarpsQ_>
+template <class Tr>
+struct DqSmem {
+  using T = typename Tr::T;
+  T q[Tr::Br * Tr::D];                   // [kPanels][Br, 64]  loaded once
+  T dout[Tr::Br * Tr::D];                // [kPanels][Br, 64]
+  T k[Tr::kStages][Tr::Bc * Tr::D];      // [kStages][kPanels][Bc, 64]  the K/V ring
+  T v[Tr::kStages][Tr::Bc * Tr::D];      // [kStages][kPanels][Bc, 64]
+  uint64_t q_full;                       // Q and dO landed
+  uint64_t full[Tr::kStages], empty[Tr::kStages];  // the ring's barriers
+
+  static constexpr size_t kBytes() { return kSmemAlignSlack + sizeof(DqSmem); }
+};
+
+// ---- the atomic kernel -------------------------------------------------------------------------------
+// How P^T and dS^T are buffered (atomic.cuh). Full: two P^T and three dS^T buffers, so that the split
+// barrier ds_ready alone orders their reuse. Lean: one P^T and two dS^T buffers plus a bufs_free barrier
+// that every thread arrives on when done reading them and waits on before overwriting: for tiles whose
+// full buffers do not fit in 227 KB.
+enum class Buffers { full, lean };
+
+// Warp (wk, wq), wk < warps_k, wq < warps_q, computes S^T and dP^T [Bc / warps_k keys, Bq / warps_q
+// queries]. dV/dK and dQ may each take a warp grid of their own (FlashAttention 2's AtomLayoutNdKV and
+// AtomLayoutMdQ), since their A operands, P^T and dS^T, come from shared memory, which every warp reads:
+//   dV, dK  warp (warp % dkv_warps_k, warp / dkv_warps_k): [Bc / dkv_warps_k keys, D / (warps / dkv_warps_k) columns]
+//   dQ      warp (warp / (warps / dq_warps_q), ...):       [Bq / dq_warps_q queries, D / (warps / dq_warps_q) columns]
+// 0 means "as S^T's grid" (dV/dK: keys wk, columns wq; dQ: queries wq, columns wk). xor_steps picks how
+// the kernel forms its ldmatrix addresses (device.cuh, Operand).
+struct AtomicTiles {
+  int Bc = 128, Bq = 64;
+  int warps_k = 4, warps_q = 2;
+  int stages = 2;
+  int dkv_warps_k = 0;
+  int dq_warps_q = 0;
+  bool xor_steps = false;
+  Buffers buffers = Buffers::full;
+};
+
+template <typename T_, int D_, AtomicTiles kTiles>
 struct AtomicTraits {
   using T = T_;
-  static constexpr int D = D_, Bc = Bc_, Bq = Bq_, kWarpsK = WarpsK_, kWarpsQ = WarpsQ_, kStages = Stages_;
-  static constexpr bool kAtomicDq = true;
+  static constexpr int D = D_, Bc = kTiles.Bc, Bq = kTiles.Bq, kWarpsK = kTiles.warps_k, kWarpsQ = kTiles.warps_q;
+  static constexpr int kStages = kTiles.stages;
   static constexpr int kWarps = kWarpsK * kWarpsQ, kThreads = 32 * kWarps;
   static constexpr int kPanels = D / 64;
   static constexpr int kWarpKeys = Bc / kWarpsK, kWarpQueries = Bq / kWarpsQ;
-  static constexpr int kDkvWarpsK = DkvWarpsK_, kDkvWarpsD = kWarps / kDkvWarpsK;
+  static constexpr int kDkvWarpsK = kTiles.dkv_warps_k ? kTiles.dkv_warps_k : kWarpsK, kDkvWarpsD = kWarps / kDkvWarpsK;
   static constexpr int kWarpKeysDkv = Bc / kDkvWarpsK, kWarpDkv = D / kDkvWarpsD;
-  static constexpr int kDqWarpsQ = DqWarpsQ_, kDqWarpsD = kWarps / kDqWarpsQ;
+  static constexpr int kDqWarpsQ = kTiles.dq_warps_q ? kTiles.dq_warps_q : kWarpsQ, kDqWarpsD = kWarps / kDqWarpsQ;
   static constexpr int kWarpQueriesDq = Bq / kDqWarpsQ, kWarpDq = D / kDqWarpsD;
-  static constexpr bool kXorSteps = XorSteps_;
+  static constexpr bool kXorSteps = kTiles.xor_steps;
+  static constexpr bool kLean = kTiles.buffers == Buffers::lean;
 
   static_assert(sizeof(T) == 2, "tensor-core operands are bf16 or fp16");
   static_assert(D == 64 || D == 128, "d is split into 64-column panels, the width of the 128-byte swizzle");
@@ -121,29 +168,62 @@ struct AtomicTraits {
 
   static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
   static constexpr size_t kQBytes = size_t(Bq) * D * sizeof(T);   // one Q (or dO) tile of the ring
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
   // P^T and dS^T: [Bc keys, Bq queries] 16-bit tiles. Rows are padded by 8 elements (16 bytes): the 8 rows
   // an stmatrix writes or an ldmatrix (.trans or not) reads then fall in 8 different 16-byte bank groups.
-  // Two P^T and three dS^T buffers let the split barrier alone order their reuse (atomic.cuh); where they
-  // do not fit in sm_90's 227 KB (Bq = 128), the kernel is `lean`: one P^T and two dS^T buffers, plus a
-  // bufs_free barrier: every thread arrives on it when done reading them and waits on it before overwriting.
   static constexpr int kPitch = Bq + 8;
-  static constexpr size_t kPBytes = size_t(Bc) * kPitch * sizeof(T);
-  static constexpr size_t kLseDBytes = 2 * 2 * Bq * sizeof(float);  // two slots of LSE and D, Bq rows each
-  // alignment, K, V, the ring, LSE and D
-  static constexpr size_t kTileBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + kLseDBytes;
-  static constexpr size_t kRingBarrierBytes = 8 * (1 + 2 * kStages);  // kv_full, full[stages], empty[stages]
-  static constexpr int kFullPBufs = 2, kFullDsBufs = 3;  // without the lean barrier: ds_ready[3]
-  static constexpr bool kLean =
-      kTileBytes + (kFullPBufs + kFullDsBufs) * kPBytes + kRingBarrierBytes + 8 * kFullDsBufs > kSm90SmemBytes;
-  static constexpr int kPBufs = kLean ? 1 : kFullPBufs, kDsBufs = kLean ? 2 : kFullDsBufs;
-  // and ds_ready[kDsBufs], bufs_free (lean only)
-  static constexpr size_t kBarrierBytes = kRingBarrierBytes + 8 * (kDsBufs + (kLean ? 1 : 0));
-  static constexpr size_t kSmemBytes =
-      kTileBytes + (kPBufs + kDsBufs) * kPBytes + kBarrierBytes;
-  static_assert(kSmemBytes <= kSm90SmemBytes, "even the lean buffers must fit in sm_90's 227 KB per block");
-  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
-  static_assert(kPBytes % 16 == 0, "ldmatrix rows and the barriers after the buffers stay aligned");
-  static constexpr bool kFitsSm120 = kSmemBytes <= kSm120SmemBytes;
+  static constexpr int kPBufs = kLean ? 1 : 2, kDsBufs = kLean ? 2 : 3;
+  static_assert((size_t(Bc) * kPitch * sizeof(T)) % 16 == 0, "ldmatrix rows and the barriers after the buffers stay aligned");
+
+  // "kv128x64-w2x4-dkv4x2-dq2x4-S2-atomic": what --variant and the tests call this configuration.
+  static std::string name() {
+    std::string n = "kv" + std::to_string(Bc) + "x" + std::to_string(Bq) + "-w" + std::to_string(kWarpsK) + "x" +
+                    std::to_string(kWarpsQ);
+    if (kDkvWarpsK != kWarpsK) n += "-dkv" + std::to_string(kDkvWarpsK) + "x" + std::to_string(kDkvWarpsD);
+    if (kDqWarpsQ != kWarpsQ) n += "-dq" + std::to_string(kDqWarpsQ) + "x" + std::to_string(kDqWarpsD);
+    return n + "-S" + std::to_string(kStages) + (kXorSteps ? "-xor" : "") + "-atomic";
+  }
 };
+
+// The lean buffers' extra barrier; nothing with the full ones.
+template <bool kLean>
+struct LeanBarrier {};
+template <>
+struct LeanBarrier<true> {
+  uint64_t bufs_free;  // every thread is done reading P^T of step it and dS^T of it - 1
+};
+
+template <class Tr>
+struct AtomicSmem {
+  using T = typename Tr::T;
+  T k[Tr::Bc * Tr::D];                          // [kPanels][Bc, 64]  loaded once
+  T v[Tr::Bc * Tr::D];                          // [kPanels][Bc, 64]
+  T q[Tr::kStages][Tr::Bq * Tr::D];             // [kStages][kPanels][Bq, 64]  the Q/dO ring
+  T dout[Tr::kStages][Tr::Bq * Tr::D];          // [kStages][kPanels][Bq, 64]
+  T p[Tr::kPBufs][Tr::Bc * Tr::kPitch];         // [kPBufs][Bc, kPitch]   Pd^T
+  T ds[Tr::kDsBufs][Tr::Bc * Tr::kPitch];       // [kDsBufs][Bc, kPitch]  dS^T
+  float lse_d[2][2][Tr::Bq];                    // [slot it % 2][LSE (log2 units), D][Bq]
+  uint64_t kv_full;                             // K and V landed
+  uint64_t full[Tr::kStages], empty[Tr::kStages];  // the ring's barriers
+  uint64_t ds_ready[Tr::kDsBufs];               // every thread has stored its P^T and dS^T values
+  [[no_unique_address]] LeanBarrier<Tr::kLean> lean;
+
+  static constexpr size_t kBytes() { return kSmemAlignSlack + sizeof(AtomicSmem); }
+  // What the full buffers would take (the barriers count the same: ds_ready[3], or ds_ready[2] + bufs_free).
+  static constexpr size_t kFullBytes() { return kBytes() + (5 - Tr::kPBufs - Tr::kDsBufs) * sizeof(p[0]); }
+};
+
+// The buffer choice is named in each configuration (configs.h) and checked here: full buffers only where
+// they fit, lean ones only where the full ones would not (lean costs a barrier wait per step).
+template <class Tr>
+constexpr bool check_atomic_buffers() {
+  using Smem = AtomicSmem<Tr>;
+  static_assert(Smem::kBytes() <= kSm90SmemBytes, "even the lean P^T/dS^T buffers must fit in sm_90's 227 KB per block");
+  static_assert(Tr::kLean || Smem::kBytes() <= kSm90SmemBytes,
+                "the full P^T/dS^T buffers do not fit in 227 KB with these tiles: name Buffers::lean");
+  static_assert(!Tr::kLean || Smem::kFullBytes() > kSm90SmemBytes,
+                "these tiles fit the full P^T/dS^T buffers: lean ones would only add a barrier wait per step");
+  return true;
+}
 
 }  // namespace fa::step5

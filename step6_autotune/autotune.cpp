@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <nlohmann/json.hpp>
 
-#include "common/cuda_util.h"
-#include "common/eval.h"
+#include "gpu/cuda_util.h"
+#include "gpu/platform.h"
+#include "harness/eval.h"
 #include "step4_fused_pipelined/fused.h"
 #include "step5_backward/backward.h"
 
@@ -61,7 +63,8 @@ std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev)
   while (bucket < std::max(p.Nq, p.Nk)) bucket *= 2;
   return dev.name + "|sm" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor) + "|" + s.name + "|" +
          (p.backward && s.has_backward ? "bwd" : "fwd") + "|" + dtype_name(p.dtype) + "|d" + std::to_string(p.d) + "|" +
-         (p.causal ? "causal" : "full") + "|g" + std::to_string(p.group()) + "|N<=" + std::to_string(bucket);
+         (p.causal ? "causal" : "full") + "|g" + std::to_string(p.group()) + (p.dropout > 0 ? "|dropout" : "") +
+         "|N<=" + std::to_string(bucket);
 }
 
 std::string pick(const std::vector<std::pair<std::string, double>>& table, const std::string& default_config,
@@ -107,8 +110,10 @@ json load_cache(const std::string& file) {
 }
 
 void save_cache(const std::string& file, const json& j) {
-  const size_t slash = file.rfind('/');
-  if (slash != std::string::npos) std::system(("mkdir -p '" + file.substr(0, slash) + "'").c_str());
+  const std::filesystem::path dir = std::filesystem::path(file).parent_path();
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create the autotune cache's folder " + dir.string() + ": " + ec.message());
   const std::string tmp = file + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
@@ -132,6 +137,11 @@ bool same_result(const Tensor& a, const Tensor& ref, DType t) {
 }
 
 }  // namespace
+
+std::string default_config(const Stage& s, const Problem& p, const DeviceLimits& dev) {
+  if (!s.config_of || s.variants.empty()) return "";
+  return s.config_of(p, s.variants[0], dev.cc_major);
+}
 
 Problem forward_only(Problem p) {
   p.backward = false;
@@ -193,7 +203,7 @@ Choice Autotuner::choose(const Stage& s, const Problem& p, bool force) {
     best.table.emplace_back(v, tflops);
   }
   if (!best.table.empty()) {
-    best.variant = pick(best.table, s.default_config ? s.default_config(p) : "");
+    best.variant = pick(best.table, default_config(s, p, dev));
     for (const auto& [v, tflops] : best.table)
       if (v == best.variant) best_tflops = tflops;
     std::time_t now = std::time(nullptr);
@@ -205,23 +215,27 @@ Choice Autotuner::choose(const Stage& s, const Problem& p, bool force) {
   return best;
 }
 
-Stage stage() {
+Stage stage(const std::string& cache_file) {
   const Stage fwd = step4::stage(), bwd = step5::stage();
   Stage s;
   s.name = "step6_autotune";
   s.title = "steps 4 and 5 in the configurations tuned for this GPU and problem (cached)";
-  s.gpu = true;
+  s.platform = &cuda_platform();
   s.has_backward = true;
   // "tuned": the configurations the autotuner chose (or reads from its cache); "default": steps 4 and 5
   // in their default configurations, nothing tuned (the baseline of `--bench --bench-against default`).
   s.variants = {"tuned", "default"};
+  // Its kernels are step 4's and step 5's, each checked there (and every configuration by the
+  // configuration test).
+  s.forward_from = fwd.name;
+  s.backward_from = bwd.name;
   s.unsupported = [fwd](const Problem& p, const std::string&) { return fwd.unsupported(p, "auto"); };
-  s.make = [fwd, bwd](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
+  s.make = [fwd, bwd, cache_file](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
     if (v == "default") return p.backward ? bwd.make(p, in, bwd.variants[0]) : fwd.make(p, in, fwd.variants[0]);
-    const Choice f = Autotuner().choose(fwd, forward_only(p));
+    const Choice f = Autotuner(cache_file).choose(fwd, forward_only(p));
     std::fprintf(stderr, "step6_autotune: forward: %s config %s\n", f.source.c_str(), f.variant.c_str());
     if (!p.backward) return fwd.make(p, in, f.variant);
-    const Choice b = Autotuner().choose(bwd, p);
+    const Choice b = Autotuner(cache_file).choose(bwd, p);
     std::fprintf(stderr, "step6_autotune: backward: %s config %s\n", b.source.c_str(), b.variant.c_str());
     return bwd.make(p, in, step5::with_forward(b.variant, f.variant));
   };

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/stage.h"
+#include "core/stage.h"
 
 namespace fa::step6 {
 
@@ -31,7 +31,8 @@ DeviceLimits current_device();  // from the CUDA runtime
 std::vector<std::string> feasible_variants(const Stage& s, const Problem& p, const DeviceLimits& dev,
                                            std::vector<std::string>* rejected = nullptr);
 
-// "gpu|cc|stage|fwd|dtype|d|causal|group|N<=bucket": the cache key of a problem.
+// "gpu|cc|stage|fwd|dtype|d|causal|group[|dropout]|N<=bucket": the cache key of a problem (dropout compiles
+// other kernels, so it tunes apart).
 std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev);
 
 // The winner of a timed table: the fastest configuration, unless the default's own time (if it is in the
@@ -65,11 +66,14 @@ class Autotuner {
   std::string file_;
 };
 
+// The configuration the stage's default variant runs for p on `dev`: what a candidate must beat.
+std::string default_config(const Stage& s, const Problem& p, const DeviceLimits& dev);
+
 // p without the backward: what step 4's forward is tuned on (a backward run tunes both passes).
 Problem forward_only(Problem p);
 
 // The registry entry "step6_autotune": step 4's forward and (with a backward) step 5's backward, each in
-// its tuned configuration (tuned in make(), outside any timed region).
-Stage stage();
+// its tuned configuration (tuned in make(), outside any timed region), cached in `cache_file`.
+Stage stage(const std::string& cache_file = default_cache_path());
 
 }  // namespace fa::step6

@@ -14,8 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "autotune.h"
-#include "common/harness.h"
+#include "harness/cli.h"
+#include "step1_cpu_reference/reference.h"
+#include "step6_autotune/autotune.h"
 #include "step4_fused_pipelined/fused.h"
 #include "step5_backward/backward.h"
 
@@ -31,17 +32,18 @@ int main(int argc, char** argv) {
     app.add_flag("--clear-cache", clear, "delete the cache file, then continue (or stop, if nothing else to do)");
     app.add_option("--table-json", table_json, "append this problem's table of every config's TFLOP/s to FILE");
     CLI11_PARSE(app, argc, argv);
-    if (!cache.empty()) setenv("FA_AUTOTUNE_CACHE", cache.c_str(), 1);  // seen by the stage's make() too
-    fa::step6::Autotuner tuner;
+    const bool cache_given = !cache.empty();
+    if (!cache_given) cache = fa::step6::default_cache_path();
+    fa::step6::Autotuner tuner(cache);
     if (clear) {
       tuner.clear();
       std::printf("cleared %s\n", tuner.file().c_str());
-      if (argc == 2 || (argc == 4 && !cache.empty())) return 0;
+      if (argc == 2 || (argc == 4 && cache_given)) return 0;
     }
 
-    const fa::Stage& s = fa::find_stage("step6_autotune");
-    if (o.list_variants) return fa::run_stage(s, o);
-    if (const std::string why = fa::gpu_unavailable_reason(); !why.empty())
+    const fa::Stage s = fa::step6::stage(cache);  // its make() reads the same cache
+    if (o.list_variants) return fa::run_stage(s, fa::step1::oracle(), o);
+    if (const std::string why = s.platform->unavailable_reason(); !why.empty())
       throw std::runtime_error("step6_autotune needs a CUDA GPU: " + why);
     fa::CommonOptions probe = o;  // resolve the problem once to tune it (prepare_inputs fills the defaults)
     fa::prepare_inputs(probe);
@@ -54,7 +56,7 @@ int main(int argc, char** argv) {
     for (const auto& [base, problem] : passes) {
       const char* pass = problem.backward ? "backward" : "forward";
       const fa::step6::Choice c = tuner.choose(base, problem, force);
-      const std::string def = base.default_config(problem);
+      const std::string def = fa::step6::default_config(base, problem, fa::step6::current_device());
       std::printf("%s configuration: %s (%s; cache %s)\n", pass, c.variant.c_str(), c.source.c_str(),
                   tuner.file().c_str());
       // The JSON record says which configurations ran, so a tuned/default ratio can be read as "same
@@ -67,14 +69,14 @@ int main(int argc, char** argv) {
       for (const auto& [name, tf] : c.table)
         std::printf("%-28s %10.1f%s\n", name.c_str(), tf, name == c.variant ? "  <- chosen" : "");
       if (!table_json.empty()) {
-        nlohmann::json rec = {{"device", fa::device_name(true)}, {"d", p.d}, {"Nq", p.Nq}, {"Nk", p.Nk}, {"B", p.B},
+        nlohmann::json rec = {{"device", fa::device_name(s)}, {"d", p.d}, {"Nq", p.Nq}, {"Nk", p.Nk}, {"B", p.B},
                               {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"causal", p.causal}, {"dtype", fa::dtype_name(p.dtype)},
                               {"mode", mode}, {"git", fa::git_revision()},
                               {"chosen", c.variant}, {"default", def}, {"table", c.table}};
         std::ofstream(table_json, std::ios::app) << rec.dump() << "\n";
       }
     }
-    return fa::run_stage(s, o);  // make() now reads the cache: nothing is timed twice
+    return fa::run_stage(s, fa::step1::oracle(), o);  // make() now reads the cache: nothing is timed twice
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step6_autotune: error: %s\n", e.what());
     return 2;

@@ -9,9 +9,11 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include "common/harness.h"
+#include "harness/cli.h"
+#include "harness/registry.h"
 
 namespace fa::grid {
 
@@ -59,13 +61,52 @@ inline Problem to_problem(const Case& c, bool backward) {
   return p;
 }
 
+enum class Pass { forward, backward };
+
+// The compute capability the grids resolve "auto"-like variants for: the GPU's, or an H100's (9) where there
+// is none (every case is skipped there, and the list of tests stays the one the H100 runs).
+inline int grid_cc_major() {
+  for (const Stage& s : stages())
+    if (s.platform && s.platform->unavailable_reason().empty()) return s.platform->compute_capability_major();
+  return 9;
+}
+
+// ("stage:variant", case) for every GPU stage that owns the kernels of `pass` (not those that borrow another
+// stage's, like step 5's forward or step 6's), every variant of it and every case, less the pairs whose
+// variant runs the same configuration as an earlier variant of the stage on that case (step 4's "auto" is
+// "sm90" on an H100; at d = 64 "sm120" is too).
+inline std::vector<std::tuple<std::string, Case>> grid_entries(Pass pass, const std::vector<Case>& cases,
+                                                               const std::function<bool(const std::string&)>& keep_variant) {
+  std::vector<std::tuple<std::string, Case>> out;
+  const int cc = grid_cc_major();
+  for (const Stage& s : stages()) {
+    if (!s.gpu()) continue;
+    if (pass == Pass::forward && !s.forward_from.empty()) continue;
+    if (pass == Pass::backward && (!s.has_backward || !s.backward_from.empty())) continue;
+    const std::vector<std::string> variants = s.variants.empty() ? std::vector<std::string>{""} : s.variants;
+    for (const Case& c : cases) {
+      std::vector<std::string> seen;
+      for (const std::string& v : variants) {
+        if (!keep_variant(v)) continue;
+        if (s.config_of) {
+          const std::string config = s.config_of(to_problem(c, pass == Pass::backward), v, cc);
+          if (std::find(seen.begin(), seen.end(), config) != seen.end()) continue;
+          seen.push_back(config);
+        }
+        out.emplace_back(v.empty() ? s.name : s.name + ":" + v, c);
+      }
+    }
+  }
+  return out;
+}
+
 // "stage" or "stage:variant" for every GPU stage of the registry that `keep` accepts, and each variant
 // of it that `keep_variant` accepts.
 inline std::vector<std::string> stage_variants(const std::function<bool(const Stage&)>& keep,
                                                const std::function<bool(const std::string&)>& keep_variant) {
   std::vector<std::string> v;
   for (const Stage& s : stages()) {
-    if (!s.gpu || !keep(s)) continue;
+    if (!s.gpu() || !keep(s)) continue;
     if (s.variants.empty()) v.push_back(s.name);
     for (const std::string& var : s.variants)
       if (keep_variant(var)) v.push_back(s.name + ":" + var);

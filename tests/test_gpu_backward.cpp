@@ -2,7 +2,7 @@
 //
 // Each case draws fresh random inputs (and dO), runs the stage's forward then its backward on outputs
 // poisoned with NaN, and checks O, LSE, dQ, dK and dV against step 1 in fp64 under the FlashAttention rule
-// (common/metrics.h): every element written, max error <= 2x that of naive attention in the same
+// (core/metrics.h): every element written, max error <= 2x that of naive attention in the same
 // precision (+ a tiny epsilon). A second test runs the backward twice and wants the same bits (no atomics).
 // Without a CUDA device every case is skipped with the reason (CI has no GPU).
 #include <array>
@@ -43,8 +43,6 @@ std::vector<Case> grid() {
 
 using Param = std::tuple<std::string, Case>;
 
-bool has_backward(const Stage& s) { return s.has_backward; }
-
 class GpuBackward : public ::testing::TestWithParam<Param> {};
 
 TEST_P(GpuBackward, MatchesReference) {
@@ -63,10 +61,9 @@ TEST_P(GpuBackward, MatchesReference) {
   expect_pass(r);
 }
 
+// Every GPU stage that owns backward kernels, every variant of it that runs a configuration of its own.
 INSTANTIATE_TEST_SUITE_P(Grid, GpuBackward,
-                         ::testing::Combine(::testing::ValuesIn(stage_variants(has_backward,
-                                                                               [](const std::string&) { return true; })),
-                                            ::testing::ValuesIn(grid())),
+                         ::testing::ValuesIn(grid_entries(Pass::backward, grid(), [](const std::string&) { return true; })),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return param_name(std::get<0>(info.param) + "_" + case_name(std::get<1>(info.param)));
                          });
@@ -100,7 +97,8 @@ TEST_P(GpuBackwardDeterminism, TwoRunsSameBits) {
 
 // Variants named "atomic" (FlashAttention 2's atomic dQ, summed in a varying order) are left out.
 INSTANTIATE_TEST_SUITE_P(Stages, GpuBackwardDeterminism,
-                         ::testing::ValuesIn(stage_variants(has_backward, [](const std::string& v) { return v.rfind("atomic", 0) != 0; })),
+                         ::testing::ValuesIn(stage_variants([](const Stage& s) { return s.has_backward && s.backward_from.empty(); },
+                                                            [](const std::string& v) { return v.rfind("atomic", 0) != 0; })),
                          [](const ::testing::TestParamInfo<std::string>& info) { return param_name(info.param); });
 
 }  // namespace

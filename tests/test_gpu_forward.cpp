@@ -1,7 +1,7 @@
 // FlashAttention, step by step — the GPU test grid: every GPU stage of the registry against step 1.
 //
 // Each case draws fresh random inputs (offset from zero), runs the stage on outputs poisoned with NaN,
-// and checks O and LSE against step 1 in fp64 under the FlashAttention rule (common/metrics.h): every
+// and checks O and LSE against step 1 in fp64 under the FlashAttention rule (core/metrics.h): every
 // element written, max error <= 2x that of naive attention in the same precision (+ a tiny epsilon).
 // Without a CUDA device every case is skipped with the reason (CI has no GPU).
 #include <array>
@@ -58,11 +58,10 @@ TEST_P(GpuForward, MatchesReference) {
   expect_pass(check_against_reference(p, in, runner->outputs()));
 }
 
-// Every GPU stage and every variant of it.
+// Every GPU stage that owns forward kernels and every variant of it that runs a configuration of its own
+// (every configuration by name: test_gpu_configs.cpp).
 INSTANTIATE_TEST_SUITE_P(Grid, GpuForward,
-                         ::testing::Combine(::testing::ValuesIn(stage_variants([](const Stage&) { return true; },
-                                                                               [](const std::string&) { return true; })),
-                                            ::testing::ValuesIn(grid())),
+                         ::testing::ValuesIn(grid_entries(Pass::forward, grid(), [](const std::string&) { return true; })),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return param_name(std::get<0>(info.param) + "_" + case_name(std::get<1>(info.param)));
                          });

@@ -8,8 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/harness.h"
-#include "common/npy.h"
+#include "harness/cli.h"
+#include "harness/registry.h"
+#include "core/npy.h"
 
 namespace fa {
 namespace {
@@ -31,7 +32,7 @@ std::pair<int, std::string> run_cli(std::vector<std::string> args) {
   for (auto& a : args) argv.push_back(a.data());
   ::testing::internal::CaptureStderr();
   ::testing::internal::CaptureStdout();
-  const int rc = stage_main("step1_cpu_reference", int(argv.size()), argv.data());
+  const int rc = stage_main(find_stage("step1_cpu_reference"), reference_oracle(), int(argv.size()), argv.data());
   ::testing::internal::GetCapturedStdout();
   return {rc, ::testing::internal::GetCapturedStderr()};
 }
@@ -106,12 +107,48 @@ TEST(Cli, BadProblemsExitNonZeroWithOneMessage) {
   }
 }
 
+// --tuned needs step 6's tuner; a program that does not link it (a stage's own executable) says where it is.
+TEST(Cli, TunedWithoutTheTunerNamesStep6) {
+  Stage s;
+  s.name = "fake_stage";
+  s.variants = {"default"};
+  s.tuning_variants = {"default", "other"};
+  s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
+  CommonOptions o;
+  o.tuned = true;
+  o.seq = 8;
+  o.problem.d = 4;
+  try {
+    run_stage(s, reference_oracle(), o);
+    FAIL() << "--tuned without a tuner must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("step6_autotune"), std::string::npos) << e.what();
+  }
+}
+
+// A dropout mask too large to dump (over 2^26 bytes) is said to be left out, not reported as written.
+TEST(Cli, DumpSaysWhenTheDropoutMaskIsLeftOut) {
+  const fs::path d = temp_dir("bigmask");
+  std::vector<std::string> args = {"step2_online_softmax", "--variant", "fa2", "--heads", "1", "--seq", "8193",
+                                   "--dim", "2", "--dropout", "0.1", "--dump", d.string()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  ::testing::internal::CaptureStdout();
+  const int rc = stage_main(find_stage("step2_online_softmax"), reference_oracle(), int(argv.size()), argv.data());
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(rc, 0);
+  EXPECT_TRUE(fs::exists(d / "o.npy"));
+  EXPECT_FALSE(fs::exists(d / "dropout_mask.npy"));
+  EXPECT_EQ(out.find("dropout_mask}"), std::string::npos) << out;
+  EXPECT_NE(out.find("dropout_mask.npy not written"), std::string::npos) << out;
+}
+
 TEST(Cli, ListVariantsPrintsAndRunsNothing) {
   std::vector<std::string> args = {"step2_online_softmax", "--list-variants", "--seq", "-5"};  // never validated: nothing runs
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   ::testing::internal::CaptureStdout();
-  const int rc = stage_main("step2_online_softmax", int(argv.size()), argv.data());
+  const int rc = stage_main(find_stage("step2_online_softmax"), reference_oracle(), int(argv.size()), argv.data());
   const std::string out = ::testing::internal::GetCapturedStdout();
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(out.rfind("3pass\n", 0), 0u) << out;  // the default first
@@ -126,7 +163,7 @@ TEST(Cli, BenchAgainstRecordsBothVariantsOfOneRun) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   ::testing::internal::CaptureStdout();
-  const int rc = stage_main("step2_online_softmax", int(argv.size()), argv.data());
+  const int rc = stage_main(find_stage("step2_online_softmax"), reference_oracle(), int(argv.size()), argv.data());
   ::testing::internal::GetCapturedStdout();
   ASSERT_EQ(rc, 0);
   std::ifstream f(json);

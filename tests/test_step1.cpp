@@ -6,8 +6,9 @@
 #include <cmath>
 #include <limits>
 
-#include "common/dropout.h"
-#include "common/harness.h"
+#include "core/dropout.h"
+#include "harness/cli.h"
+#include "harness/registry.h"
 #include "step1_cpu_reference/reference.h"
 
 namespace fa {

@@ -8,7 +8,8 @@
 #include <cmath>
 #include <random>
 
-#include "common/harness.h"
+#include "harness/cli.h"
+#include "harness/registry.h"
 #include "step1_cpu_reference/reference.h"
 #include "step2_online_softmax/online.h"
 

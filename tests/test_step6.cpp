@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/eval.h"
+#include "harness/registry.h"
 #include "step4_fused_pipelined/fused.h"
 #include "step5_backward/backward.h"
 #include "step6_autotune/autotune.h"
@@ -66,7 +66,8 @@ TEST(Step6Filter, RejectsBackwardConfigsThatDoNotFitSm120OrAreNotDeterministic) 
     const auto ok = step6::feasible_variants(s, p, kFakeSm120, &rejected);
     EXPECT_EQ(ok.size() + rejected.size(), s.tuning_variants.size());
     for (const auto& v : ok) EXPECT_LE(s.launch_shape(p, v).smem_bytes, kFakeSm120.smem_optin) << v;
-    EXPECT_NE(std::find(ok.begin(), ok.end(), s.default_config(p)), ok.end()) << "the default must fit sm_120";
+    EXPECT_NE(std::find(ok.begin(), ok.end(), step6::default_config(s, p, kFakeSm120)), ok.end())
+        << "the default must fit sm_120";
     for (const auto* dev : {&kFakeSm120, &kFakeH100}) {
       std::vector<std::string> why;
       const auto fit = step6::feasible_variants(s, p, *dev, &why);
@@ -89,6 +90,9 @@ TEST(Step6Cache, KeyBucketsSequenceLengthsAndSeparatesFeatures) {
   EXPECT_NE(key(problem(128, 4096)), key(problem(64, 4096)));
   EXPECT_NE(key(problem(128, 4096)), key(problem(128, 4096, false, 1)));  // GQA group 4 vs 1
   EXPECT_NE(key(problem(128, 4096)), step6::cache_key(s, problem(128, 4096), kFakeSm120));
+  Problem dropout = problem(128, 4096);
+  dropout.dropout = 0.1f;  // another kernel (kDropout): tuned apart
+  EXPECT_NE(key(problem(128, 4096)), key(dropout));
 }
 
 TEST(Step6Pick, KeepsTheDefaultUnlessACandidateWinsByMoreThanTheNoise) {
@@ -126,7 +130,7 @@ TEST(Step6, CacheRoundTripsAndTimesNothingTheSecondTime) {
     const step6::Choice first = tuner.choose(s, p);
     EXPECT_EQ(first.source, "tuned now");
     EXPECT_EQ(first.table.size(), step6::feasible_variants(s, p, step6::current_device()).size());
-    EXPECT_EQ(first.variant, step6::pick(first.table, s.default_config(p)));
+    EXPECT_EQ(first.variant, step6::pick(first.table, step6::default_config(s, p, step6::current_device())));
     const step6::Choice second = step6::Autotuner(file).choose(s, p);
     EXPECT_EQ(second.source, "cache");
     EXPECT_EQ(second.variant, first.variant);

@@ -4,9 +4,11 @@
 #   docs/bench/configs.sh BUILD STAGE OUT.jsonl [N] [extra stage flags, e.g. --backward]
 #
 # For d = 64 and 128 (Hq * d = 2048, B * N = 16384, bf16, as in sweep.py), causal and not, runs the stage
-# with --bench --variant NAME for each name `STAGE --list-variants` prints, appending one JSON record per
-# run to OUT.jsonl; a configuration built for the other head dim only is skipped with its reason. The
-# table at the end is what the optimisation logs (docs/results/step4.md, step5.md) quote.
+# with --variant NAME for each name `STAGE --list-variants` prints: first --check against step 1 on a small
+# problem with tails and GQA (a configuration that fails is reported and not timed), then --bench,
+# appending one JSON record per run to OUT.jsonl; a configuration built for the other head dim only is
+# skipped with its reason. The table at the end is what the optimisation logs (docs/results/step4.md,
+# step5.md) quote.
 set -uo pipefail
 build=${1:?build dir}; stage=${2:?stage}; out=${3:?out.jsonl}; n=${4:-4096}; shift 4 2>/dev/null || shift $#
 exe=$build/$stage/$stage
@@ -14,6 +16,10 @@ exe=$build/$stage/$stage
 for d in 64 128; do
   for causal in "" --causal; do
     for v in $("$exe" --list-variants); do
+      if ! msg=$("$exe" --check --batch 1 --heads 4 --kv-heads 2 --seq 300 --dim "$d" $causal --variant "$v" "$@" 2>&1); then
+        echo "skip d=$d $causal $v: $(echo "$msg" | grep -m1 -E 'FAIL|error' || echo "$msg" | tail -n 1)"
+        continue
+      fi
       msg=$("$exe" --bench --json "$out" --batch $((16384 / n)) --heads $((2048 / d)) --seq "$n" --dim "$d" \
             $causal --variant "$v" "$@" 2>&1) || echo "skip d=$d $causal $v: $(echo "$msg" | tail -n 1)"
     done

@@ -19,8 +19,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "common/cuda_util.h"
-#include "common/ptx.h"
+#include "gpu/cuda_util.h"
+#include "gpu/ptx.h"
 
 namespace {
 

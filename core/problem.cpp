@@ -1,0 +1,58 @@
+// FlashAttention, step by step — core/problem.cpp
+#include "core/problem.h"
+
+#include <sstream>
+#include <stdexcept>
+
+namespace fa {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::fp32: return "fp32";
+    case DType::fp16: return "fp16";
+    case DType::bf16: return "bf16";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "fp32") return DType::fp32;
+  if (s == "fp16") return DType::fp16;
+  if (s == "bf16") return DType::bf16;
+  throw std::invalid_argument("unknown dtype '" + s + "' (expected bf16, fp16 or fp32)");
+}
+
+double Problem::flops_forward() const {
+  const double f = 4.0 * double(B) * double(Hq) * double(Nq) * double(Nk) * double(d);
+  return causal ? f / 2 : f;
+}
+
+void Problem::validate() const {
+  auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
+  if (B <= 0) fail("batch must be positive (got " + std::to_string(B) + ")");
+  if (Hq <= 0) fail("heads must be positive (got " + std::to_string(Hq) + ")");
+  if (Hkv <= 0) fail("kv-heads must be positive (got " + std::to_string(Hkv) + ")");
+  if (Hq % Hkv != 0)
+    fail("heads (" + std::to_string(Hq) + ") must be a multiple of kv-heads (" + std::to_string(Hkv) +
+         ") for grouped-query attention");
+  if (Nq <= 0 || Nk <= 0)
+    fail("sequence lengths must be positive (got Nq=" + std::to_string(Nq) + ", Nk=" + std::to_string(Nk) + ")");
+  if (d <= 0) fail("head dim must be positive (got " + std::to_string(d) + ")");
+  if (!(dropout >= 0.0f && dropout < 1.0f))
+    fail("dropout must be in [0, 1) (got " + std::to_string(dropout) + ")");
+  if (!(scale == scale) || scale == 0.0f) fail("scale must be a non-zero number");
+  if (B * Hq * Nq * d > (int64_t(1) << 34) || B * Hkv * Nk * d > (int64_t(1) << 34))
+    fail("tensors over 2^34 elements are not supported");
+}
+
+std::string Problem::describe() const {
+  std::ostringstream s;
+  s << "B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " Nq=" << Nq << " Nk=" << Nk << " d=" << d
+    << " " << dtype_name(dtype) << (causal ? " causal input_pos=" + std::to_string(input_pos) : "")
+    << " scale=" << scale;
+  if (dropout > 0) s << " dropout=" << dropout << " seed=" << seed;
+  if (backward) s << " +backward";
+  return s.str();
+}
+
+}  // namespace fa

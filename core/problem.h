@@ -1,0 +1,53 @@
+// FlashAttention, step by step — core/problem.h
+// The attention problem every stage solves, its validation and its FLOP count.
+//
+//   Q [B, Hq, Nq, d], K and V [B, Hkv, Nk, d]  ->  O [B, Hq, Nq, d], LSE [B, Hq, Nq]
+//   S = scale * Q K^T, masked; P = softmax(S) (row-wise); O = dropout(P) V; LSE = log sum_j exp(S_ij)
+//
+// Semantics (docs/conventions.md): query row i sits at absolute position input_pos + i, key j at j;
+// with `causal`, query i sees key j iff j <= input_pos + i. Query head h reads KV head h / (Hq / Hkv).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/hd.h"
+
+namespace fa {
+
+enum class DType { fp32, fp16, bf16 };
+const char* dtype_name(DType t);
+DType parse_dtype(const std::string& s);  // throws std::invalid_argument
+
+struct Problem {
+  int64_t B = 1, Hq = 8, Hkv = 8;  // batch, query heads, key/value heads
+  int64_t Nq = 1024, Nk = 1024;    // query and key sequence lengths
+  int64_t d = 64;                  // head dimension
+  bool causal = false;
+  int64_t input_pos = 0;  // absolute position of query row 0 (resolved: Nk - Nq unless given)
+  float scale = 0.125f;   // softmax scale (resolved: 1/sqrt(d) unless given)
+  DType dtype = DType::bf16;
+  float dropout = 0.0f;  // probability of dropping a weight
+  uint64_t seed = 0;     // seeds the inputs and the dropout mask
+  bool backward = false;
+
+  int64_t group() const { return Hq / Hkv; }  // query heads per KV head (GQA)
+  // Forward FLOPs: two matrix products of 2*Nq*Nk*d each per head, halved when causal (the convention of
+  // FlashAttention's benchmarks, whatever the kernel really skips). The backward counts 2.5x that.
+  double flops_forward() const;
+  double flops_backward() const { return 2.5 * flops_forward(); }
+  // Throws std::invalid_argument with one clear sentence when the problem is malformed.
+  void validate() const;
+  std::string describe() const;
+};
+
+// Does query row i see key column j?  The one mask rule, shared by host and device.
+FA_HD bool sees(bool causal, int64_t input_pos, int64_t i, int64_t j) { return !causal || j <= input_pos + i; }
+
+// Number of keys row i sees (0 for a fully masked row).
+FA_HD int64_t visible_keys(bool causal, int64_t input_pos, int64_t Nk, int64_t i) {
+  if (!causal) return Nk;
+  const int64_t last = input_pos + i;  // the last visible key
+  return last < 0 ? 0 : (last + 1 < Nk ? last + 1 : Nk);
+}
+
+}  // namespace fa

@@ -1,0 +1,100 @@
+// FlashAttention, step by step — core/stage.h
+// The contract between a stage and the harness: the inputs and outputs of one run, the Runner a stage
+// makes, the Stage record the harness reads, the Platform a GPU stage runs on, and the Oracle that
+// --check compares with. The harness (harness/) knows stages only through these types; each stage's
+// main() hands its own Stage to it, and only the registry (harness/registry.h) lists them all.
+//
+// A stage turns a Problem and its float32 inputs (already rounded to the dtype) into a Runner:
+//   construction  = set-up (device allocation, upload, tensor maps): never timed
+//   run()         = the forward pass, the work being taught and timed
+//   run_backward()= the backward pass (stages with a backward; called after run(), timed on its own)
+//   outputs()     = waits for the work and returns float32 outputs: O, LSE, and dQ, dK, dV for a backward
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/problem.h"
+#include "core/tensor.h"
+
+namespace fa {
+
+struct Inputs {
+  Tensor q;     // [B, Hq, Nq, d]
+  Tensor k, v;  // [B, Hkv, Nk, d]
+  Tensor dout;  // [B, Hq, Nq, d], only for a backward run
+};
+
+template <typename T>
+struct OutputsT {
+  TensorT<T> o;           // [B, Hq, Nq, d]
+  TensorT<T> lse;         // [B, Hq, Nq], natural log; -inf for a row that sees no key
+  TensorT<T> dq, dk, dv;  // like q, k, v; filled by a backward run
+};
+using Outputs = OutputsT<float>;
+
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  virtual void run() = 0;           // the forward pass
+  virtual void run_backward() {}    // the backward pass, after run(); only for stages with has_backward
+  virtual Outputs outputs() = 0;
+};
+
+// The device a GPU stage runs on, as the harness needs it: whether it is there, its name, and a timer.
+// The CUDA layer implements it (gpu/platform.h); a CPU stage has none, so the harness itself never calls
+// CUDA and the CPU executables carry no GPU code.
+class Platform {
+ public:
+  virtual ~Platform() = default;
+  virtual std::string unavailable_reason() const = 0;  // "" when a device is usable
+  virtual std::string device_name() const = 0;         // "NVIDIA H100 80GB HBM3"
+  virtual std::string runtime_version() const = 0;     // "13.0"
+  virtual int compute_capability_major() const = 0;    // 9 on an H100, 12 on an RTX 50-series card
+  // Milliseconds of one call of `work`, timed with device events; with `cold_l2`, the L2 cache is flushed
+  // first (outside the timed region), so the run starts from cold K/V as in a real model step.
+  virtual double time_ms(const std::function<void()>& work, bool cold_l2) const = 0;
+};
+
+struct Stage {
+  std::string name;         // the folder and executable name, e.g. "step3_naive_kernel"
+  std::string title;        // one line for tables
+  const Platform* platform = nullptr;  // the GPU a stage needs, or nullptr for a CPU stage
+  bool has_backward = false;
+  // Stages that run another stage's kernels for a pass name it here (step 5's forward is step 4's), so a
+  // test grid checks those kernels once, under the stage that owns them.
+  std::string forward_from, backward_from;
+  std::vector<std::string> variants;  // selectable with --variant; the first is the default; all are tested
+  // Further configurations --variant accepts (tile sizes, stages, ...): what step 6's autotuner sweeps and
+  // the configuration test checks, every one of them.
+  std::vector<std::string> tuning_variants;
+  // Why the autotuner must not pick tuning variant `config` in place of the default although it may run
+  // (e.g. it changes what the default guarantees), or "" when it may; unset: every one may.
+  std::function<std::string(const std::string& config)> tuning_exclusion;
+  // Per block: shared memory (bytes) and threads of a variant on problem p. Step 6 filters on these
+  // against the device's limits before timing anything.
+  struct LaunchShape {
+    size_t smem_bytes = 0;
+    int threads = 0;
+  };
+  std::function<LaunchShape(const Problem& p, const std::string& variant)> launch_shape;
+  // The tuning configuration that `variant` runs for p on a GPU of compute capability `cc_major` (9: the
+  // H100, 12: an RTX 50-series card): for the tuner, what the default must be beaten by; for the test grids,
+  // which names run the same kernels. Unset for stages without configurations.
+  std::function<std::string(const Problem& p, const std::string& variant, int cc_major)> config_of;
+  // "" when the stage can run `p`, otherwise the reason (e.g. "head dim 96 is not supported").
+  std::function<std::string(const Problem& p, const std::string& variant)> unsupported;
+  std::function<std::unique_ptr<Runner>(const Problem& p, const Inputs& in, const std::string& variant)> make;
+
+  bool gpu() const { return platform != nullptr; }
+};
+
+// What --check compares a stage with (step 1 provides it): attention in fp64, and the naive computation
+// in the problem's own precision, rounded as an eager framework would (the baseline of the tolerance rule).
+struct Oracle {
+  std::function<OutputsT<double>(const Problem& p, const Inputs& in)> exact;
+  std::function<Outputs(const Problem& p, const Inputs& in)> naive_low_precision;
+};
+
+}  // namespace fa

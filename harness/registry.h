@@ -1,0 +1,29 @@
+// FlashAttention, step by step — harness/registry.h
+// The one list of stages, in tutorial order, for what iterates them all: the tour, the tests and the
+// benchmarks. A stage's own executable does not use it (its main hands its stage to the harness), so
+// only what links this list carries every stage's kernels.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/stage.h"
+#include "harness/eval.h"
+
+namespace fa {
+
+// Every stage compiled into this build, in tutorial order.
+const std::vector<Stage>& stages();
+const Stage& find_stage(const std::string& name);  // throws std::invalid_argument if unknown
+
+// Why GPU stages cannot run here ("" when a CUDA device is usable): not built with CUDA, or no device.
+std::string gpu_unavailable_reason();
+
+// Step 1's oracle, and the check against it (what the tests and the tour use).
+const Oracle& reference_oracle();
+CheckReport check_against_reference(const Problem& p, const Inputs& in, const Outputs& got);
+
+// The hook behind --tuned: step 6's choice of configuration for stage s on problem p (tuned once, then
+// cached), or an exception in a build without the GPU stages.
+std::string tuned_variant(const Stage& s, const Problem& p);
+
+}  // namespace fa

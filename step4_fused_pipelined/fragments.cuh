@@ -1,0 +1,79 @@
+// FlashAttention, step by step — step 4: swizzled tiles and the fragment loaders
+// (step4_fused_pipelined/fragments.cuh)
+//
+// What it adds: how a [rows, D] tile that TMA wrote into shared memory becomes mma.sync fragments.
+// A tile is stored as D / 64 panels of [rows, 64] 16-bit elements (128-byte rows). With the 128-byte
+// swizzle (CUDA programming guide, "tensor memory access", CU_TENSOR_MAP_SWIZZLE_128B) the 16-byte chunk c
+// of row r is stored at chunk c ^ (r % 8): the eight rows an ldmatrix reads at one logical chunk then hit
+// eight different chunks, all 32 banks, no conflict. Without it (the ablation) those eight rows fall in
+// the same four banks: an 8-way conflict.
+//
+// Operand conventions of mma.sync.m16n8k16 (gpu/ptx.h): A is [16 rows, k16] row-major, B is [k16, n8].
+// From a tile, ldmatrix.x4 gives
+//   load_a        A fragments, rows = tile rows, k = head dim            (Q in S = Q K^T)
+//   load_b        B fragments, n = tile rows, k = head dim (no .trans)   (K in S = Q K^T)
+//   load_b_trans  B fragments, k = tile rows, n = head dim (.trans)      (V in O += P V)
+// and acc_to_a turns fp32 C fragments into the A fragment of the next product (P in O += P V) without a
+// trip through shared memory. Step 5 reads every operand of the backward with these.
+#pragma once
+#include <cstdint>
+
+#include "gpu/ptx.h"
+
+namespace fa::step4 {
+
+// Byte offset of (row, 16-byte chunk) inside a 1024-byte-aligned panel of 128-byte rows, as TMA writes it.
+__device__ __forceinline__ uint32_t swizzle_128b(int row, int chunk) {
+  return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+// The swizzle is computed from address bits, so swizzled tiles must start on 1024 bytes; the dynamic
+// shared-memory base is only 16-byte aligned, hence kSmemAlignSlack (kernel_traits.h) in every budget and this.
+__device__ __forceinline__ uint8_t* align_1024(uint8_t* smem_raw) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+}
+
+// Byte offset of element (row, col), col a multiple of 8, in a [Rows, D] tile of 64-column panels.
+template <int Rows, bool kSwizzle = true>
+__device__ __forceinline__ uint32_t tile_offset(int row, int col) {
+  const int chunk = (col % 64) / 8;
+  return uint32_t((col / 64) * Rows * 128) + (kSwizzle ? swizzle_128b(row, chunk) : uint32_t(row * 128 + chunk * 16));
+}
+
+// A fragment of rows row0 .. row0+15, head-dim columns 16kk .. 16kk+15. Lanes 0-15 address the rows at
+// column 16kk (matrices 0, 1), lanes 16-31 the same rows at 16kk+8 (matrices 2, 3): a[0..3] as in ptx.h.
+template <int Rows, bool kSwizzle = true>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t base, int row0, int kk) {
+  const int lane = threadIdx.x % 32;
+  ptx::ldmatrix_x4(a, base + tile_offset<Rows, kSwizzle>(row0 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+}
+
+// B fragments of two n8 tiles, n = tile rows n0 .. n0+7 (b[0], b[1]) and n0+8 .. n0+15 (b[2], b[3]),
+// k = head-dim columns 16kk .. 16kk+15. Matrix m: rows n0 + 8 (m / 2), columns 16kk + 8 (m % 2).
+template <int Rows, bool kSwizzle = true>
+__device__ __forceinline__ void load_b(uint32_t (&b)[4], uint32_t base, int n0, int kk) {
+  const int lane = threadIdx.x % 32;
+  ptx::ldmatrix_x4(b, base + tile_offset<Rows, kSwizzle>(n0 + (lane & 7) + (lane >> 4) * 8,
+                                                         kk * 16 + ((lane >> 3) & 1) * 8));
+}
+
+// B fragments of two n8 tiles, k = tile rows 16kk .. 16kk+15, n = head-dim columns n0 .. n0+7 (b[0], b[1])
+// and n0+8 .. n0+15 (b[2], b[3]). Matrix m: rows 16kk + 8 (m % 2), columns n0 + 8 (m / 2), transposed.
+template <int Rows, bool kSwizzle = true>
+__device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], uint32_t base, int kk, int n0) {
+  const int lane = threadIdx.x % 32;
+  ptx::ldmatrix_x4_trans(b, base + tile_offset<Rows, kSwizzle>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                               n0 + (lane >> 4) * 8));
+}
+
+// The fp32 C fragments of n8 tiles 2kk and 2kk+1 (16 rows x 16 columns) are, packed to 16 bits, exactly
+// the A fragment of k16 step kk (the C and A layouts of ptx.h line up): P goes from S's accumulators
+// straight into O += P V.
+template <typename T, int NT>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c)[NT][4], int kk) {
+  a[0] = ptx::pack2<T>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = ptx::pack2<T>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = ptx::pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = ptx::pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+}  // namespace fa::step4

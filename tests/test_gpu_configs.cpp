@@ -1,0 +1,77 @@
+// FlashAttention, step by step — every compiled configuration against step 1 (tests/test_gpu_configs.cpp).
+//
+// The grids (test_gpu_forward.cpp, test_gpu_backward.cpp) run each stage's variants on many shapes; this
+// runs every configuration a stage compiles (its tuning_variants: what --variant can name and step 6 may
+// time and pick) on a covering set of cases, so that no configuration is timed or tuned before it was
+// checked. Per head dim the cases cover tails, causal with an explicit input_pos (rows that see no key
+// included), Nq != Nk both ways, GQA and MQA, and each of bf16 / fp16 with and without dropout: every
+// kernel instance (dtype x dropout) of every configuration runs at least once. A backward configuration
+// checks O, LSE, dQ, dK and dV. Without a CUDA device every case is skipped with the reason.
+#include "gpu_grid.h"
+
+namespace fa::grid {
+namespace {
+
+std::vector<Case> cases() {
+  std::vector<Case> cs;
+  for (int64_t d : {64, 128}) {
+    //          B  Hq Hkv  Nq    Nk   d  causal input_pos    dtype        dropout
+    cs.push_back({2, 4, 4, 257, 257, d, false, kDefaultPos, DType::bf16, 0.0f});   // tails
+    cs.push_back({1, 8, 2, 300, 300, d, true, kDefaultPos, DType::fp16, 0.0f});    // GQA 4, causal, tails
+    cs.push_back({1, 8, 1, 100, 300, d, true, 50, DType::bf16, 0.1f});             // MQA, explicit input_pos
+    cs.push_back({2, 4, 4, 128, 64, d, true, kDefaultPos, DType::fp16, 0.15f});    // Nq > Nk: rows 0-63 see nothing
+    cs.push_back({1, 4, 2, 64, 100, d, true, -20, DType::bf16, 0.0f});             // rows 0-19 see nothing
+    cs.push_back({1, 8, 1, 17, 1000, d, true, kDefaultPos, DType::fp16, 0.1f});    // a KV cache, MQA
+    cs.push_back({2, 4, 2, 200, 200, d, false, kDefaultPos, DType::bf16, 0.2f});   // dropout, GQA 2
+    cs.push_back({1, 4, 4, 513, 513, d, true, kDefaultPos, DType::fp16, 0.0f});    // causal, one row past 512
+  }
+  return cs;
+}
+
+using Param = std::tuple<std::string, Case>;  // "stage:configuration", case
+
+// Every (stage, configuration, case) whose configuration is compiled for the case's head dim.
+std::vector<Param> entries() {
+  std::vector<Param> out;
+  for (const Stage& s : stages()) {
+    if (!s.gpu() || s.tuning_variants.empty()) continue;
+    for (const std::string& config : s.tuning_variants)
+      for (const Case& c : cases()) {
+        const Problem p = to_problem(c, s.has_backward);
+        try {
+          s.launch_shape(p, config);  // throws for a configuration the head dim does not compile
+        } catch (const std::invalid_argument&) {
+          continue;
+        }
+        out.emplace_back(s.name + ":" + config, c);
+      }
+  }
+  return out;
+}
+
+class GpuConfigs : public ::testing::TestWithParam<Param> {};
+
+TEST_P(GpuConfigs, MatchesReference) {
+  const auto& [stage_config, c] = GetParam();
+  const Stage& s = find_stage(stage_config.substr(0, stage_config.find(':')));
+  const Problem p = to_problem(c, s.has_backward);
+  const Stage* stage = nullptr;
+  std::string config;
+  if (const std::string why = resolve(stage_config, p, stage, config); !why.empty()) GTEST_SKIP() << why;
+
+  const Inputs in = random_inputs(p);
+  auto runner = stage->make(p, in, config);
+  runner->run();
+  if (p.backward) runner->run_backward();
+  const CheckReport r = check_against_reference(p, in, runner->outputs());
+  ASSERT_EQ(r.n, p.backward ? 5 : 2);
+  expect_pass(r);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GpuConfigs, ::testing::ValuesIn(entries()),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return param_name(std::get<0>(info.param) + "_" + case_name(std::get<1>(info.param)));
+                         });
+
+}  // namespace
+}  // namespace fa::grid
