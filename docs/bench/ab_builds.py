@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+# FlashAttention, step by step — docs/bench/ab_builds.py: a same-run A/B of two builds of the project.
+#
+#   docs/bench/ab_builds.py --a OLD_BUILD --b NEW_BUILD --out ab.jsonl [--rounds 3] [--seqs 1024 16384]
+#
+# For the shipped defaults (step 4's forward "auto", step 5's backward "deterministic" and "atomic"), head
+# dims 64 and 128, each sequence length (B * N = 16384, Hq * d = 2048, bf16, as in sweep.py), causal and
+# not, runs the two builds' executables with --bench in alternating order (A B, B A, A B, ...), so that clock
+# and thermal drift fall on both alike. Every run appends one JSON record (with "ab_build": "a" or "b" and
+# "ab_round") to --out; the table at the end gives each side's median over rounds and the ratio B / A of
+# throughput (above 1: B is faster).
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+PASSES = [("fwd", "step4_fused_pipelined", ["--variant", "auto"]),
+          ("bwd-deterministic", "step5_backward", ["--backward", "--variant", "deterministic"]),
+          ("bwd-atomic", "step5_backward", ["--backward", "--variant", "atomic"])]
+
+
+def run(build, stage, flags, out, tag, rnd):
+    exe = os.path.join(build, stage, stage)
+    tmp = out + ".tmp"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    r = subprocess.run([exe, "--bench", "--json", tmp] + flags, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"ab_builds: {exe} {' '.join(flags)} failed:\n{r.stdout}{r.stderr}")
+    rec = json.loads(open(tmp).read().splitlines()[-1])
+    os.remove(tmp)
+    rec.update(ab_build=tag, ab_round=rnd, ab_build_dir=build)
+    with open(out, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    return rec
+
+
+def main():
+    ap = argparse.ArgumentParser(description="A same-run A/B of two builds of the project (see the header).")
+    ap.add_argument("--a", required=True, help="build folder A (the baseline)")
+    ap.add_argument("--b", required=True, help="build folder B (the change)")
+    ap.add_argument("--out", required=True, help="JSON lines, one record per run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seqs", type=int, nargs="+", default=[1024, 16384])
+    args = ap.parse_args()
+    rows = []
+    total = 2 * len(args.seqs) * 2 * len(PASSES)
+    k = 0
+    for d in (64, 128):
+        for n in args.seqs:
+            for causal in (False, True):
+                shape = ["--batch", str(16384 // n), "--heads", str(2048 // d), "--seq", str(n), "--dim", str(d)]
+                shape += ["--causal"] if causal else []
+                for name, stage, flags in PASSES:
+                    k += 1
+                    key = "bwd_tflops" if name.startswith("bwd") else "fwd_tflops"
+                    got = {"a": [], "b": []}
+                    for rnd in range(args.rounds):
+                        order = ("a", "b") if rnd % 2 == 0 else ("b", "a")
+                        for tag in order:
+                            rec = run(args.a if tag == "a" else args.b, stage, flags + shape, args.out, tag, rnd)
+                            got[tag].append(rec[key])
+                    a, b = statistics.median(got["a"]), statistics.median(got["b"])
+                    rows.append((d, n, causal, name, a, b))
+                    print(f"[{k}/{total}] d={d} N={n} causal={causal} {name}: A {a:.1f} B {b:.1f} TFLOP/s "
+                          f"(B/A {b / a:.3f})", file=sys.stderr, flush=True)
+    print(f"{'d':>4} {'N':>6} {'causal':>6} {'pass':<18} {'A TFLOP/s':>10} {'B TFLOP/s':>10} {'B/A':>6}")
+    for d, n, causal, name, a, b in rows:
+        print(f"{d:>4} {n:>6} {str(causal):>6} {name:<18} {a:>10.1f} {b:>10.1f} {b / a:>6.3f}")
+    worst = min(b / a for *_, a, b in rows)
+    print(f"lowest B/A: {worst:.3f}")
+
+
+if __name__ == "__main__":
+    main()
