@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // Mask only where needed: the tail of K, or a tile that crosses this warp's diagonal.
     const int key0 = n * Bc;
-    if (keys_need_mask(p, w.m0 + 16 * warp, key0, Bc)) apply_mask(s, p, row_g, key0 + 2 * t);
+    if (keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc)) apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
 
     softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
     if constexpr (kDropout) apply_dropout(s, p.dropout, w.b, w.h, row_g, key0 + 2 * t);

@@ -5,7 +5,7 @@
 //   s[nt][0..1] = row g,     keys nt*8 + 2t, +1          (g = lane / 4, t = lane % 4)
 //   s[nt][2..3] = row g + 8, keys nt*8 + 2t, +1
 // Only tiles that cross the diagonal or an end pay for the per-element test (the *_need_mask predicates);
-// all others skip this code entirely. Step 5's kernels use the same predicates and key_visible.
+// all others skip this code entirely. Step 5's kernels use tile_needs_mask and FA_VISIBLE.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -15,31 +15,37 @@
 
 namespace fa::step4 {
 
-// Does query row i see key j? sees() of core/problem.h, and no key past the end of K.
-__device__ __forceinline__ bool key_visible(const AttnParams& p, int64_t i, int j) {
-  return j < p.Nk && sees(p.causal, p.input_pos, i, j);
-}
+// The backward's test of element (i, j): query row i exists (rows past the end of Q are zero-filled tiles
+// whose products must add nothing) and sees key j. A macro, not a function: written as a function, the
+// same test changes how the compiler lays out the backward kernels, and they run slower
+// (docs/results/structure.md).
+#define FA_VISIBLE(p, i, j) ((i) < (p).Nq && (j) < (p).Nk && ::fa::sees((p).causal, (p).input_pos, (i), (j)))
 
-// True when a key of [k0, k0 + cols) is masked for a row from q0 on: past the end of K, or above row q0's
-// diagonal (later rows see more).
-__device__ __forceinline__ bool keys_need_mask(const AttnParams& p, int64_t q0, int k0, int cols) {
-  return k0 + cols > p.Nk || (p.causal && int64_t(k0) + cols - 1 > p.input_pos + q0);
+// True when a key of [k0, k0 + cols) is masked for the rows from one whose diagonal is key `diag` on
+// (diag = input_pos + that row): past the end of K, or above that diagonal (later rows see more).
+__device__ __forceinline__ bool keys_need_mask(const AttnParams& p, int64_t diag, int k0, int cols) {
+  return k0 + cols > p.Nk || (p.causal && k0 + cols - 1 > diag);
 }
 // The same for the tile [q0, q0 + rows) x [k0, k0 + cols), where a row past Nq counts as masked too (the
 // backward, whose products sum over rows). In every other tile each row sees a key, so its LSE is finite.
+// (Spelled out rather than calling keys_need_mask: the compiled backward kernels depend on this exact form.)
 __device__ __forceinline__ bool tile_needs_mask(const AttnParams& p, int q0, int rows, int k0, int cols) {
-  return q0 + rows > p.Nq || keys_need_mask(p, q0, k0, cols);
+  return q0 + rows > p.Nq || k0 + cols > p.Nk || (p.causal && int64_t(k0) + cols - 1 > p.input_pos + q0);
 }
 
 // Sets the scores of keys a row does not see to -inf. row_g: absolute query row of this thread's row g;
 // key_2t: absolute key of its column 2t in n-tile 0.
 template <int NT>
-__device__ __forceinline__ void apply_mask(float (&s)[NT][4], const AttnParams& p, int row_g, int key_2t) {
+__device__ __forceinline__ void apply_mask(float (&s)[NT][4], int row_g, int key_2t, int Nk, bool causal,
+                                           int64_t input_pos) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (!key_visible(p, row_g + (e >> 1) * 8, key_2t + nt * 8 + (e & 1))) s[nt][e] = -INFINITY;
+    for (int e = 0; e < 4; ++e) {
+      const int j = key_2t + nt * 8 + (e & 1);
+      const int i = row_g + (e >> 1) * 8;
+      if (j >= Nk || !sees(causal, input_pos, i, j)) s[nt][e] = -INFINITY;
+    }
 }
 
 }  // namespace fa::step4

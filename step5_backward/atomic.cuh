@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   AtomicSmem<Tr>& sm = *reinterpret_cast<AtomicSmem<Tr>*>(step4::align_1024(smem_raw));
   const step4::TmaRing<kStages> ring{sm.full, sm.empty};  // the Q/dO ring
+  float* sLD = &sm.lse_d[0][0][0];                         // [2][LSE (log2 units), D][Bq], flat
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -108,13 +109,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return threadIdx.x < Bq ? p.lse[row] * kLog2e : bp.dsum[row];
   };
   auto stage_lse_d = [&](int it, float v) {
-    if (threadIdx.x < 2 * Bq) (&sm.lse_d[it % 2][0][0])[threadIdx.x] = v;
+    if (threadIdx.x < 2 * Bq) sLD[(it % 2) * 2 * Bq + threadIdx.x] = v;
   };
   // Columns q0 + qry0 + 8nt + 2t + c (c = 0, 1) of row `which` (0: LSE, 1: D) of iteration it's slot.
   auto read_lse_d = [&](float (&v)[kNQ][2], int it, int which) {
 #pragma unroll
     for (int nt = 0; nt < kNQ; ++nt) {
-      const float2 pair = *reinterpret_cast<const float2*>(&sm.lse_d[it % 2][which][qry0 + 8 * nt + 2 * t]);
+      const float2 pair = *reinterpret_cast<const float2*>(sLD + ((it % 2) * 2 + which) * Bq + qry0 + 8 * nt + 2 * t);
       v[nt][0] = pair.x;
       v[nt][1] = pair.y;
     }
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
-            const bool vis = !kMasked || (i < p.Nq && step4::key_visible(p, i, j));
+            const bool vis = !kMasked || FA_VISIBLE(p, i, j);
             s[mi][nt][e] = vis ? ptx::exp2_approx(fmaf(s[mi][nt][e], p.scale_log2, -lse2[nt][e % 2])) : 0.0f;
           }
     };

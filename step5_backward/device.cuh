@@ -133,8 +133,8 @@ struct KeyBlockWork {
 template <class Tr, class Smem, class Ring>
 __device__ __forceinline__ void load_q_do(Smem& sm, const Ring& ring, const KeyBlockWork& w, int Hq, int it,
                                           const CUtensorMap* tm_q, const CUtensorMap* tm_do) {
-  uint64_t* bar = ring.expect(it, 2 * Tr::kQBytes);
   const int bh_q = w.b * Hq + w.head(it), q0 = w.q0(it);
+  uint64_t* bar = ring.expect(it, 2 * Tr::kQBytes);
 #pragma unroll
   for (int c = 0; c < Tr::kPanels; ++c) {
     ptx::tma_load_3d(sm.q[ring.slot(it)] + c * Tr::Bq * 64, tm_q, c * 64, q0, bh_q, bar);

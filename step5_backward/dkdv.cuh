@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = q0 + nt * 8 + 2 * t + e % 2, j = key_g + 8 * (e / 2);
-          const bool vis = !kMasked || (i < p.Nq && step4::key_visible(p, i, j));
+          const bool vis = !kMasked || FA_VISIBLE(p, i, j);
           const float pr = vis ? ptx::exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[nt][e % 2])) : 0.0f;
           const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
           s[nt][e] = pr * z;

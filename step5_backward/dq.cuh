@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int e = 2 * r + c, j = j0 + c;
-            const bool vis = !kMasked || (i < p.Nq && step4::key_visible(p, i, j));
+            const bool vis = !kMasked || FA_VISIBLE(p, i, j);
             const float pr = vis ? ptx::exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[r])) : 0.0f;
             s[nt][e] = pr * (dp[nt][e] * z[c] - d_i[r]);
           }
