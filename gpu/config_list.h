@@ -9,6 +9,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/problem.h"
+#include "gpu/gpu_types.h"
+
 namespace fa {
 
 template <class... Cfg>
@@ -31,6 +34,20 @@ std::vector<std::string> config_names(ConfigList<Cfg...>) {
 template <class F, class... Cfg>
 bool with_config_named(const std::string& name, ConfigList<Cfg...>, F&& f) {
   return ((name == Cfg::name() ? (f(std::type_identity<Cfg>{}), true) : false) || ...);
+}
+
+// Calls f(std::type_identity<Cfg>{}) with the configuration named `name` in Configs<T, D>::All, T and D
+// those of p; throws std::invalid_argument ("step 5 has no config ... for d = 64") if there is none.
+template <template <typename, int> class Configs, class F>
+void with_problem_config(const Problem& p, const std::string& name, const std::string& stage, F&& f) {
+  dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    dispatch_head_dim(int(p.d), [&](auto dim) {
+      constexpr int D = decltype(dim)::value;
+      if (!with_config_named(name, typename Configs<T, D>::All{}, f))
+        throw std::invalid_argument(stage + " has no config " + name + " for d = " + std::to_string(D));
+    });
+  });
 }
 
 }  // namespace fa

@@ -10,6 +10,9 @@ namespace fa::step4 {
 
 Stage stage();
 
+// "" when step 4's kernels can run p, otherwise why not (step 5, which runs them for its forward, asks too).
+std::string unsupported(const Problem& p);
+
 // Set-up for step 4's forward on device tensors (params.q/k/v -> params.o, params.lse), returning the
 // launch; `variant` as for --variant. Step 5 runs its training forward through this.
 std::function<void()> make_forward(const Problem& p, const AttnParams& params, const std::string& variant = "auto");

@@ -43,18 +43,6 @@ std::string resolve(const std::string& variant, int cc_major) {
   return variant;
 }
 
-// Calls f(std::type_identity<Tr>{}) with the configuration of head dim D named `name` in element type T.
-template <class F>
-void with_problem_config(const Problem& p, const std::string& name, F&& f) {
-  dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
-    using T = decltype(t);
-    dispatch_head_dim(int(p.d), [&](auto dim) {
-      constexpr int D = decltype(dim)::value;
-      if (!with_config_named(name, typename Configs<T, D>::All{}, f))
-        throw std::invalid_argument("step 4 has no config " + name);
-    });
-  });
-}
 
 class FusedRunner final : public GpuRunner {
  public:
@@ -72,10 +60,17 @@ std::string config_of(const Problem& p, const std::string& variant, int cc_major
 
 }  // namespace
 
+std::string unsupported(const Problem& p) {
+  if (p.dtype == DType::fp32) return "fp32 storage (tensor cores take bf16 or fp16)";
+  if (!(p.scale > 0)) return "a scale <= 0 (step 4's forward keeps its running max in raw score units)";
+  if (p.Nq >= (1 << 30) || p.Nk >= (1 << 30)) return "sequences of 2^30 or more";
+  return head_dim_unsupported(p.d);
+}
+
 std::function<void()> make_forward(const Problem& p, const AttnParams& params, const std::string& variant) {
   std::function<void()> f;
-  with_problem_config(p, config_of(p, variant, compute_capability_major()),
-                      [&](auto cfg) { f = prepare<typename decltype(cfg)::type>(p, params); });
+  with_problem_config<Configs>(p, config_of(p, variant, compute_capability_major()), "step 4",
+                               [&](auto cfg) { f = prepare<typename decltype(cfg)::type>(p, params); });
   return f;
 }
 
@@ -89,18 +84,13 @@ Stage stage() {
   s.config_of = config_of;
   s.launch_shape = [](const Problem& p, const std::string& v) {
     Stage::LaunchShape shape;
-    with_problem_config(p, v, [&](auto cfg) {
+    with_problem_config<Configs>(p, v, "step 4", [&](auto cfg) {
       using Tr = typename decltype(cfg)::type;
       shape = {kFwdSmemBytes<Tr>, Tr::kThreads};
     });
     return shape;
   };
-  s.unsupported = [](const Problem& p, const std::string&) {
-    if (p.dtype == DType::fp32) return std::string("fp32 storage (tensor cores take bf16 or fp16)");
-    if (!(p.scale > 0)) return std::string("a scale <= 0 (the running max is kept in raw score units)");
-    if (p.Nq >= (1 << 30) || p.Nk >= (1 << 30)) return std::string("sequences of 2^30 or more");
-    return head_dim_unsupported(p.d);
-  };
+  s.unsupported = [](const Problem& p, const std::string&) { return unsupported(p); };
   s.make = [](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
     return std::make_unique<FusedRunner>(p, in, v);
   };

@@ -59,18 +59,6 @@ std::string config_of(const Problem& p, const std::string& variant, int cc_major
   return p.d == 64 ? resolve<64>(v, cc_major) : resolve<128>(v, cc_major);
 }
 
-// Calls f(std::type_identity<Cfg>{}) with the configuration of p's dtype and head dim named `name`.
-template <class F>
-void with_problem_config(const Problem& p, const std::string& name, F&& f) {
-  dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
-    using T = decltype(t);
-    dispatch_head_dim(int(p.d), [&](auto dim) {
-      constexpr int D = decltype(dim)::value;
-      if (!with_config_named(name, typename Configs<T, D>::All{}, f))
-        throw std::invalid_argument("step 5 has no config " + name + " for d = " + std::to_string(D));
-    });
-  });
-}
 
 // The launch closure of configuration `name` for p.
 std::function<void()> prepare_config(const Problem& p, const std::string& name, const BwdParams& bp) {
@@ -97,7 +85,7 @@ class BackwardRunner final : public GpuRunner {
     dv_ = DeviceBuffer(in.v.size() * bytes);
     for (DeviceBuffer* b : {&dsum_, &dq_, &dk_, &dv_}) b->poison();
     const std::string config = config_of(p, variant, compute_capability_major());
-    with_problem_config(p, config, [&](auto cfg) {
+    with_problem_config<Configs>(p, config, "step 5", [&](auto cfg) {
       if constexpr (decltype(cfg)::type::kAtomic) {
         dq_accum_ = DeviceBuffer(in.q.size() * sizeof(float));
         dq_accum_.poison();  // the memset inside the timed backward must clear it
@@ -150,18 +138,13 @@ Stage stage() {
   s.config_of = config_of;
   s.launch_shape = [](const Problem& p, const std::string& v) {
     Stage::LaunchShape shape;
-    with_problem_config(p, v, [&](auto cfg) {
+    with_problem_config<Configs>(p, v, "step 5", [&](auto cfg) {
       using Cfg = typename decltype(cfg)::type;
       shape = {Cfg::kSmemBytes, Cfg::kThreads};
     });
     return shape;
   };
-  s.unsupported = [](const Problem& p, const std::string&) {
-    if (p.dtype == DType::fp32) return std::string("fp32 storage (tensor cores take bf16 or fp16)");
-    if (!(p.scale > 0)) return std::string("a scale <= 0 (step 4's forward keeps its running max in raw score units)");
-    if (p.Nq >= (1 << 30) || p.Nk >= (1 << 30)) return std::string("sequences of 2^30 or more");
-    return head_dim_unsupported(p.d);
-  };
+  s.unsupported = [](const Problem& p, const std::string&) { return step4::unsupported(p); };  // its kernels' limits are step 4's
   s.make = [](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
     return std::make_unique<BackwardRunner>(p, in, v);
   };

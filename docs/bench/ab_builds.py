@@ -44,16 +44,23 @@ def main():
     ap.add_argument("--out", required=True, help="JSON lines, one record per run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seqs", type=int, nargs="+", default=[1024, 16384])
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--passes", nargs="+", default=[n for n, _, _ in PASSES], help="a subset of " +
+                    ", ".join(n for n, _, _ in PASSES))
+    ap.add_argument("--fwd-variant", default="auto", help="step 4's variant for the fwd pass (e.g. sm120)")
+    ap.add_argument("--dropout", type=float, default=0.0)
     args = ap.parse_args()
+    passes = [(n, st, [f if f != "auto" else args.fwd_variant for f in fl]) for n, st, fl in PASSES if n in args.passes]
     rows = []
-    total = 2 * len(args.seqs) * 2 * len(PASSES)
+    total = len(args.dims) * len(args.seqs) * 2 * len(passes)
     k = 0
-    for d in (64, 128):
+    for d in args.dims:
         for n in args.seqs:
             for causal in (False, True):
                 shape = ["--batch", str(16384 // n), "--heads", str(2048 // d), "--seq", str(n), "--dim", str(d)]
                 shape += ["--causal"] if causal else []
-                for name, stage, flags in PASSES:
+                shape += ["--dropout", str(args.dropout)] if args.dropout > 0 else []
+                for name, stage, flags in passes:
                     k += 1
                     key = "bwd_tflops" if name.startswith("bwd") else "fwd_tflops"
                     got = {"a": [], "b": []}

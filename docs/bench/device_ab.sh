@@ -4,7 +4,7 @@
 # docs/results/structure.md).
 #
 #   docs/bench/device_ab.sh OLD_SRC OLD_REV NEW_REV check      build both; ptxas report; ctest -j 8; sanitizers
-#   docs/bench/device_ab.sh OLD_SRC OLD_REV NEW_REV ab SEQ...  build both if needed; ab_builds.py at each SEQ
+#   docs/bench/device_ab.sh OLD_SRC OLD_REV NEW_REV ab ARGS...  build both if needed; ab_builds.py ARGS (--seqs ...)
 #
 # OLD_SRC is a copy of the old sources (e.g. `git archive OLD_REV | tar -x -C build-src-OLD_REV`, carried to the
 # machine); builds go to build-OLD_REV and build. Output goes to $OUT (the device tool's folder) or ./out.
@@ -43,6 +43,6 @@ case "$what" in
     done | tee "$out/sanitize-$new_rev.txt"
     echo "$(build/tests/fa_gpu_tests --gtest_list_tests --gtest_filter="$f" | grep -c '^  ') tests under each tool" | tee -a "$out/sanitize-$new_rev.txt" ;;
   ab)
-    PYTHONUNBUFFERED=1 python3 docs/bench/ab_builds.py --a build-$old_rev --b build --out "$out/ab-$new_rev.jsonl" \
-      --seqs "$@" --rounds "${ROUNDS:-3}" 2>&1 | tail -n 16 ;;
+    PYTHONUNBUFFERED=1 python3 docs/bench/ab_builds.py --a build-$old_rev --b build --out "$out/ab-$new_rev${TAG:-}.jsonl" \
+      "$@" 2>&1 | tail -n 16 ;;
 esac
