@@ -3,7 +3,7 @@
 # from the output of a build configured with -DFA_PTXAS_VERBOSE=ON (ptxas -v), as one line per kernel.
 #
 #   docs/bench/ptxas_report.py BUILD_LOG > report.txt           the table, kernels named by their C++ types
-#   docs/bench/ptxas_report.py --compare OLD.txt NEW.txt        a kernel whose registers or spills grew
+#   docs/bench/ptxas_report.py --compare OLD.txt NEW.txt        every kernel whose registers or spills changed
 #
 # Kernel names are normalised so that two builds of the same configuration compare: the template arguments
 # of the traits become the configuration's numbers (e.g. "step4 fused_forward bf16 d64 Br64-Bc64-S2 drop=0").
@@ -46,29 +46,49 @@ def normalise(name):
     return " ".join(x for x in [kernel, dtype, "-".join(nums), "-".join(flags), lean] if x)
 
 
+def canonical(name):
+    """The same kernel across the tile-parameter change: named tiles (FwdTiles{Br, Bc, stages, swizzle},
+    AtomicTiles{..., dkv 0, dq 0, buffers}) are rewritten to the positional order of the older traits
+    (D-Br-Bc-Warps-S; D-Bc-Bq-WK-WQ-S-DKV-DQ), so reports of builds before and after it compare."""
+    parts = name.split(" ")
+    if len(parts) > 2 and parts[0] == "atomic_kernel" and parts[2].count("-") == 8:
+        d, bc, bq, wk, wq, st, dkv, dq, _buf = parts[2].split("-")
+        parts[2] = "-".join([d, bc, bq, wk, wq, st, dkv if dkv != "0" else wk, dq if dq != "0" else wq])
+        parts = parts[:4]
+    if len(parts) > 2 and parts[0] == "fused_forward" and parts[2].count("-") == 3:
+        d, br, bc, st = parts[2].split("-")
+        parts[2] = "-".join([d, br, bc, str(int(br) // 16), st])
+    return " ".join(parts)
+
+
+def compare(old_file, new_file):
+    def load(f):
+        d = {}
+        for line in open(f):
+            if line.startswith("#") or not line.strip():
+                continue
+            parts = line.rstrip("\n").split("\t")
+            d[canonical(parts[-1])] = tuple(int(x) for x in parts[:4])
+        return d
+    old, new = load(old_file), load(new_file)
+    counts = {"same": 0, "better": 0, "WORSE": 0}
+    for k in sorted(set(old) | set(new)):
+        if k not in old or k not in new:
+            print(f"only in {'new' if k in new else 'old'}: {k}")
+            continue
+        o, n = old[k], new[k]
+        tag = "same" if o == n else ("WORSE" if (n[0] > o[0] or n[2] > o[2] or n[3] > o[3]) else "better")
+        counts[tag] += 1
+        if tag != "same":
+            print(f"{tag} {k}: regs {o[0]} -> {n[0]}, stack {o[1]} -> {n[1]}, spill st/ld {o[2]}/{o[3]} -> {n[2]}/{n[3]}")
+    print(f"{sum(counts.values())} kernels in both: {counts['same']} unchanged, {counts['better']} fewer registers "
+          f"or spills, {counts['WORSE']} more")
+    return 1 if counts["WORSE"] else 0
+
+
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "--compare":
-        def load(f):
-            d = {}
-            for line in open(f):
-                if line.startswith("#") or not line.strip():
-                    continue
-                parts = line.rstrip("\n").split("\t")
-                d[parts[-1]] = tuple(int(x) for x in parts[:4])
-            return d
-        old, new = load(sys.argv[2]), load(sys.argv[3])
-        worse = 0
-        for k in sorted(set(old) | set(new)):
-            if k not in old or k not in new:
-                print(f"only in {'new' if k in new else 'old'}: {k}")
-                continue
-            o, n = old[k], new[k]
-            tag = "same" if o == n else ("WORSE" if (n[0] > o[0] or n[2] > o[2] or n[3] > o[3]) else "better")
-            worse += tag == "WORSE"
-            if tag != "same":
-                print(f"{tag}: {k}: regs {o[0]} -> {n[0]}, stack {o[1]} -> {n[1]}, spills {o[2]}/{o[3]} -> {n[2]}/{n[3]}")
-        print(f"{len(set(old) & set(new))} kernels in both, {worse} with more registers or spills")
-        return 1 if worse else 0
+        return compare(sys.argv[2], sys.argv[3])
     rows = parse(sys.argv[1])
     keys = sorted(rows)
     pretty = demangle([k[0] for k in keys])
