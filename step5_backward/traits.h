@@ -218,9 +218,9 @@ struct AtomicSmem {
 template <class Tr>
 constexpr bool check_atomic_buffers() {
   using Smem = AtomicSmem<Tr>;
-  static_assert(Smem::kBytes() <= kSm90SmemBytes, "even the lean P^T/dS^T buffers must fit in sm_90's 227 KB per block");
   static_assert(Tr::kLean || Smem::kBytes() <= kSm90SmemBytes,
-                "the full P^T/dS^T buffers do not fit in 227 KB with these tiles: name Buffers::lean");
+                "the full P^T/dS^T buffers do not fit in sm_90's 227 KB with these tiles: name Buffers::lean");
+  static_assert(!Tr::kLean || Smem::kBytes() <= kSm90SmemBytes, "even the lean P^T/dS^T buffers must fit in 227 KB");
   static_assert(!Tr::kLean || Smem::kFullBytes() > kSm90SmemBytes,
                 "these tiles fit the full P^T/dS^T buffers: lean ones would only add a barrier wait per step");
   return true;

@@ -25,16 +25,28 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-// Runs step 1's main() in-process with `args`; returns the exit code and what it printed to stderr.
-std::pair<int, std::string> run_cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "step1_cpu_reference");
+// What a stage's main() returned and printed.
+struct CliResult {
+  int rc;
+  std::string out, err;
+};
+
+// Runs stage `name`'s main() in-process with `args` (as its executable would), capturing what it prints.
+CliResult run_stage_main(const std::string& name, std::vector<std::string> args) {
+  args.insert(args.begin(), name);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   ::testing::internal::CaptureStderr();
   ::testing::internal::CaptureStdout();
-  const int rc = stage_main(find_stage("step1_cpu_reference"), reference_oracle(), int(argv.size()), argv.data());
-  ::testing::internal::GetCapturedStdout();
-  return {rc, ::testing::internal::GetCapturedStderr()};
+  const int rc = stage_main(find_stage(name), reference_oracle(), int(argv.size()), argv.data());
+  std::string out = ::testing::internal::GetCapturedStdout();
+  return {rc, std::move(out), ::testing::internal::GetCapturedStderr()};
+}
+
+// Step 1's main() with `args`: the exit code and what it printed to stderr.
+std::pair<int, std::string> run_cli(std::vector<std::string> args) {
+  const CliResult r = run_stage_main("step1_cpu_reference", std::move(args));
+  return {r.rc, r.err};
 }
 
 void write_bytes(const fs::path& p, const std::string& bytes) {
@@ -129,14 +141,10 @@ TEST(Cli, TunedWithoutTheTunerNamesStep6) {
 // A dropout mask too large to dump (over 2^26 bytes) is said to be left out, not reported as written.
 TEST(Cli, DumpSaysWhenTheDropoutMaskIsLeftOut) {
   const fs::path d = temp_dir("bigmask");
-  std::vector<std::string> args = {"step2_online_softmax", "--variant", "fa2", "--heads", "1", "--seq", "8193",
-                                   "--dim", "2", "--dropout", "0.1", "--dump", d.string()};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStdout();
-  const int rc = stage_main(find_stage("step2_online_softmax"), reference_oracle(), int(argv.size()), argv.data());
-  const std::string out = ::testing::internal::GetCapturedStdout();
-  EXPECT_EQ(rc, 0);
+  const auto [rc, out, err] = run_stage_main("step2_online_softmax", {"--variant", "fa2", "--heads", "1", "--seq",
+                                                                      "8193", "--dim", "2", "--dropout", "0.1",
+                                                                      "--dump", d.string()});
+  EXPECT_EQ(rc, 0) << err;
   EXPECT_TRUE(fs::exists(d / "o.npy"));
   EXPECT_FALSE(fs::exists(d / "dropout_mask.npy"));
   EXPECT_EQ(out.find("dropout_mask}"), std::string::npos) << out;
@@ -144,13 +152,9 @@ TEST(Cli, DumpSaysWhenTheDropoutMaskIsLeftOut) {
 }
 
 TEST(Cli, ListVariantsPrintsAndRunsNothing) {
-  std::vector<std::string> args = {"step2_online_softmax", "--list-variants", "--seq", "-5"};  // never validated: nothing runs
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStdout();
-  const int rc = stage_main(find_stage("step2_online_softmax"), reference_oracle(), int(argv.size()), argv.data());
-  const std::string out = ::testing::internal::GetCapturedStdout();
-  EXPECT_EQ(rc, 0);
+  // --seq -5 is never validated: nothing runs.
+  const auto [rc, out, err] = run_stage_main("step2_online_softmax", {"--list-variants", "--seq", "-5"});
+  EXPECT_EQ(rc, 0) << err;
   EXPECT_EQ(out.rfind("3pass\n", 0), 0u) << out;  // the default first
   EXPECT_NE(out.find("fa2\n"), std::string::npos) << out;
 }
@@ -158,14 +162,9 @@ TEST(Cli, ListVariantsPrintsAndRunsNothing) {
 TEST(Cli, BenchAgainstRecordsBothVariantsOfOneRun) {
   const fs::path d = temp_dir("against");
   const std::string json = (d / "rec.jsonl").string();
-  std::vector<std::string> args = {"step2_online_softmax", "--seq", "32", "--dim", "16", "--bench", "--variant", "fa2",
-                                   "--bench-against", "3pass", "--json", json};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStdout();
-  const int rc = stage_main(find_stage("step2_online_softmax"), reference_oracle(), int(argv.size()), argv.data());
-  ::testing::internal::GetCapturedStdout();
-  ASSERT_EQ(rc, 0);
+  const CliResult r = run_stage_main("step2_online_softmax", {"--seq", "32", "--dim", "16", "--bench", "--variant",
+                                                               "fa2", "--bench-against", "3pass", "--json", json});
+  ASSERT_EQ(r.rc, 0) << r.err;
   std::ifstream f(json);
   const nlohmann::json rec = nlohmann::json::parse(f);
   EXPECT_EQ(rec["variant"], "fa2");
