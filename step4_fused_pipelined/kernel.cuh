@@ -109,6 +109,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int n = 0; n < w.n_tiles; ++n) {
     if constexpr (kStages == 1) refill(n);  // one slot: tile n can only be loaded once n-1 is released
 
+    // Dropout's keep mask of this tile depends on positions only: drawn here, where S is not yet live.
+    DropoutMask keep{};
+    if constexpr (kDropout) keep = DropoutMask::draw<kSTiles>(p.dropout, w.b, w.h, row_g, n * Bc + 2 * t);
+
     // S = Q K^T: [16 rows, Bc keys] per warp. One ldmatrix.x4 gives the B fragments of two n8 tiles.
     float s[kSTiles][4] = {};
     k_ring.wait(n);  // K tile n has landed
@@ -131,7 +135,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc)) apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
 
     softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
-    if constexpr (kDropout) apply_dropout(s, p.dropout, w.b, w.h, row_g, key0 + 2 * t);
+    if constexpr (kDropout) keep.apply(s, p.dropout.keep_scale);
 
     // P: fp32 C fragments of two n8 tiles = one 16-bit A fragment of a k16 step of P V.
     uint32_t pa[Bc / 16][4];
