@@ -60,16 +60,17 @@ struct DropoutMask {
     return own_row8 ? DropoutMask{got, own} : DropoutMask{own, got};
   }
 
-  // Multiplies the probabilities in S's C fragments by Z (0 or keep_scale).
+  // Z (0 or keep_scale) of element e of n-tile nt of a C fragment: row g + 8 (e / 2), column 2t + e % 2.
+  __device__ __forceinline__ float z(int nt, int e, float keep_scale) const {
+    return (e < 2 ? g : g8) >> (2 * nt + e % 2) & 1u ? keep_scale : 0.0f;
+  }
+  // Multiplies the probabilities in S's C fragments by Z.
   template <int NT>
   __device__ __forceinline__ void apply(float (&s)[NT][4], float keep_scale) const {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      s[nt][0] *= g >> (2 * nt) & 1u ? keep_scale : 0.0f;
-      s[nt][1] *= g >> (2 * nt + 1) & 1u ? keep_scale : 0.0f;
-      s[nt][2] *= g8 >> (2 * nt) & 1u ? keep_scale : 0.0f;
-      s[nt][3] *= g8 >> (2 * nt + 1) & 1u ? keep_scale : 0.0f;
-    }
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] *= z(nt, e, keep_scale);
   }
 };
 

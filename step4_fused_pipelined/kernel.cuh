@@ -63,12 +63,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto load_k = [&](int n) {
     uint64_t* bar = k_ring.expect(n, Tr::kKVBytes);
 #pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.k[k_ring.slot(n)] + c * Bc * 64, &tm_k, c * 64, n * Bc, w.bh_kv, bar);
+    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.k[0] + (k_ring.slot(n) * kPanels + c) * Bc * 64, &tm_k, c * 64, n * Bc, w.bh_kv, bar);
   };
   auto load_v = [&](int n) {
     uint64_t* bar = v_ring.expect(n, Tr::kKVBytes);
 #pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.v[v_ring.slot(n)] + c * Bc * 64, &tm_v, c * 64, n * Bc, w.bh_kv, bar);
+    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.v[0] + (v_ring.slot(n) * kPanels + c) * Bc * 64, &tm_v, c * 64, n * Bc, w.bh_kv, bar);
   };
   // The producer, in iteration n >= 1: K and V tile n + kStages - 1 into the slots of tile n - 1, which every
   // warp released in its previous iteration (K after its Q K^T, V after its P V).

@@ -114,6 +114,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     ring.refill(n, w.n_tiles, load_k_v);  // after this warp's first products: the other warps are likely done with n - 1
 
+    // Dropout's keep mask of this tile (step 4's DropoutMask: one Philox call per pair of threads).
+    step4::DropoutMask keep{};
+    if constexpr (kDropout) keep = step4::DropoutMask::draw<kSTiles>(p.dropout, b, h, row_g, n * Bc + 2 * t);
+
     // Element-wise, on the C fragments: s[nt][e] is row row_g + 8 (e / 2), key n Bc + 8nt + 2t + e % 2.
     // s becomes dS = P (dPd Z - D); masked entries are selected to 0, never computed into a NaN. Only
     // tiles that cross an edge or the diagonal pay for that test (kMasked), as in the dK/dV kernel.
@@ -124,14 +128,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int i = row_g + 8 * r, j0 = n * Bc + nt * 8 + 2 * t;
-          float z[2] = {1.0f, 1.0f};
-          if constexpr (kDropout) step4::dropout_pair(p.dropout, b, h, i, j0, z[0], z[1]);
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int e = 2 * r + c, j = j0 + c;
+            const float z = kDropout ? keep.z(nt, e, p.dropout.keep_scale) : 1.0f;
             const bool vis = !kMasked || FA_VISIBLE(p, i, j);
             const float pr = vis ? ptx::exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[r])) : 0.0f;
-            s[nt][e] = pr * (dp[nt][e] * z[c] - d_i[r]);
+            s[nt][e] = pr * (dp[nt][e] * z - d_i[r]);
           }
         }
     };
