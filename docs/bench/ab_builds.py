@@ -48,9 +48,12 @@ def main():
     ap.add_argument("--passes", nargs="+", default=[n for n, _, _ in PASSES], help="a subset of " +
                     ", ".join(n for n, _, _ in PASSES))
     ap.add_argument("--fwd-variant", default="auto", help="step 4's variant for the fwd pass (e.g. sm120)")
+    ap.add_argument("--atomic-variant", default="atomic",
+                    help="step 5's variant for the bwd-atomic pass (e.g. kv128x64-w4x2-S2-atomic)")
     ap.add_argument("--dropout", type=float, default=0.0)
     args = ap.parse_args()
-    passes = [(n, st, [f if f != "auto" else args.fwd_variant for f in fl]) for n, st, fl in PASSES if n in args.passes]
+    chosen = {"auto": args.fwd_variant, "atomic": args.atomic_variant}
+    passes = [(n, st, [chosen.get(f, f) for f in fl]) for n, st, fl in PASSES if n in args.passes]
     rows = []
     total = len(args.dims) * len(args.seqs) * 2 * len(passes)
     k = 0
