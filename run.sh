@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# FlashAttention, step by step — set up, build and run.
-#
-#   ./run.sh tour     build, then run every stage on its default problem: one table of error, time, throughput
-#   ./run.sh test     build, then run the whole GoogleTest suite through ctest (what CI runs)
-#   ./run.sh build    only install what is missing, configure and build
-#
-# Missing Debian packages are installed when run as root; otherwise the exact apt-get line is printed.
-# Environment: BUILD_DIR (default build), CMAKE_ARGS (extra configure flags, e.g.
-# -DCMAKE_CUDA_ARCHITECTURES=90), FA_DEPS_PREFIX (dependencies unpacked under a prefix instead of
-# installed: skips the package check; used on the GPU machine, see docs/reproduce.md).
+# FlashAttention, step by step — set up, build and run: ./run.sh tour | test | build | help.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(cmake ninja-build g++ libeigen3-dev googletest libgtest-dev librandom123-dev libcli11-dev
           nlohmann-json3-dev python3-matplotlib python3-numpy)
 BUILD_DIR=${BUILD_DIR:-build}
+
+usage() {
+  cat <<'EOF'
+usage: ./run.sh COMMAND [ARGS]
+
+  tour [FLAGS]   build, then run every stage on its default problem: one table of error, time, throughput
+                 (FLAGS go to the tour, e.g. --seq 2048; ./run.sh tour --help lists them)
+  test [ARGS]    build, then run the GoogleTest suite through ctest (ARGS go to ctest, e.g. -R Step1);
+                 without a usable GPU the GPU tests are left out (--with-gpu-tests runs them, each skipped)
+  build          only install the missing Debian packages, configure and build
+  help           this text
+
+Environment:
+  BUILD_DIR       the build folder (default: build)
+  CMAKE_ARGS      extra configure flags: -DFA_WITH_CUDA=OFF builds the CPU stages only (a much shorter
+                  build), -DCMAKE_CUDA_ARCHITECTURES=90 the GPU stages for the H100 only
+  FA_DEPS_PREFIX  the dependencies are unpacked under this prefix, not installed: skips the package check
+                  (docs/reproduce.md)
+
+Run as root, run.sh installs the missing Debian packages; otherwise it prints the apt-get line for them.
+EOF
+}
 
 ensure_packages() {
   [ -n "${FA_DEPS_PREFIX:-}" ] && return 0
@@ -34,6 +47,7 @@ ensure_packages() {
   fi
 }
 
+# Quiet on purpose: CMake's notices and warnings, and the compilers' messages, are all that is printed.
 build() {
   ensure_packages
   local args=(-S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release)
@@ -41,12 +55,45 @@ build() {
   # shellcheck disable=SC2206
   [ -n "${CMAKE_ARGS:-}" ] && args+=($CMAKE_ARGS)
   cmake "${args[@]}" >/dev/null
-  cmake --build "$BUILD_DIR" -j "$(nproc)"
+  echo "run.sh: building in $BUILD_DIR/ (a first build with the GPU stages takes minutes)"
+  cmake --build "$BUILD_DIR" -j "$(nproc)" -- --quiet  # ninja without its line per compiled file
+}
+
+# ctest in the build folder. Running tests in parallel, it announces each one twice ("Start", then the
+# result): only the result is kept.
+ctest_quiet() {
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" "$@") | grep --line-buffered -v '^ *Start '
+}
+
+# Where no GPU can run the GPU stages, the tests labelled "gpu" (tests/CMakeLists.txt) are left out, and
+# one line says how many and why, instead of hundreds of "Skipped" lines.
+run_tests() {
+  local args=() with_gpu_tests=0
+  for a in "$@"; do
+    if [ "$a" = --with-gpu-tests ]; then with_gpu_tests=1; else args+=("$a"); fi
+  done
+  local why status=0
+  why=$("$BUILD_DIR/flashattention_tour" --gpu-status 2>&1) || status=$?
+  if [ "$with_gpu_tests" -eq 1 ] || [ "$status" -ne 1 ]; then  # exit code 1: no usable GPU, and why
+    ctest_quiet "${args[@]}"
+    return
+  fi
+  local left_out rc=0
+  left_out=$(cd "$BUILD_DIR" && ctest -N -L gpu "${args[@]}" | sed -n 's/^Total Tests: //p')
+  ctest_quiet -LE gpu "${args[@]}" || rc=$?
+  if [ "${left_out:-0}" -gt 0 ]; then
+    echo "run.sh: $left_out GPU tests left out: $why (./run.sh test --with-gpu-tests runs them, each reported as skipped)"
+  else
+    echo "run.sh: no GPU tests run: $why"
+  fi
+  return $rc
 }
 
 case "${1:-}" in
   tour)  shift; build; "$BUILD_DIR/flashattention_tour" "$@" ;;
-  test)  shift; build; ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@" ;;
+  test)  shift; build; run_tests "$@" ;;
   build) build ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
+  help | -h | --help) usage ;;
+  "") usage; exit 2 ;;
+  *) { echo "run.sh: unknown command '$1'"; usage; } >&2; exit 2 ;;
 esac

@@ -16,7 +16,9 @@ static ErrorStats compare_impl(const Tensor& got, const TensorT<R>& ref) {
   double num = 0, den = 0;
   for (size_t k = 0; k < got.size(); ++k) {
     const double g = got.data[k], r = double(ref.data[k]);
-    if (std::isnan(g)) { ++e.unwritten; continue; }
+    if (is_poison(got.data[k])) { ++e.unwritten; continue; }
+    if (std::isnan(r)) { ++e.ref_nan; continue; }
+    if (std::isnan(g)) { ++e.nan; continue; }
     if (std::isinf(r) || std::isinf(g)) {
       if (g != r) ++e.mismatched_inf;
       continue;
@@ -37,7 +39,9 @@ ErrorStats compare(const Tensor& got, const Tensor& ref) { return compare_impl(g
 Verdict tolerance_rule(const ErrorStats& stage, const ErrorStats& baseline) {
   const double eps = 1e-5 * std::max(1.0, stage.ref_max);
   const double tol = 2.0 * baseline.max_abs + eps;
-  const bool pass = stage.ok_shape && stage.unwritten == 0 && stage.mismatched_inf == 0 && stage.max_abs <= tol;
+  const bool every_element_compared =
+      stage.ok_shape && stage.unwritten == 0 && stage.nan == 0 && stage.ref_nan == 0 && stage.mismatched_inf == 0;
+  const bool pass = every_element_compared && stage.max_abs <= tol;
   return {pass, tol};
 }
 

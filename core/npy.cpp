@@ -108,12 +108,21 @@ Tensor read_npy(const std::string& path) {
       bad(path, "malformed shape " + sh);
     }
   }
+  // The file's size is checked against the shape before any memory is set aside for the data, so that a
+  // corrupt header costs a message rather than an allocation of whatever size it claims.
+  double promised = 1;
+  for (const int64_t e : t.shape) promised *= double(e);
+  const std::streamoff data_start = f.tellg();
+  f.seekg(0, std::ios::end);
+  const double held = double(f.tellg() - data_start) / sizeof(float);
+  f.seekg(data_start);
+  if (held < promised)
+    bad(path, "file holds " + std::to_string(size_t(held)) + " floats, fewer than its shape " + sh + " promises");
+  if (held > promised) bad(path, "file holds more data than its shape " + sh + " promises");
   const size_t n = TensorT<float>::count(t.shape);
   t.data.resize(n);
   if (!f.read(reinterpret_cast<char*>(t.data.data()), std::streamsize(n * sizeof(float))))
-    bad(path, "file holds fewer than the " + std::to_string(n) + " floats its shape " + sh + " promises");
-  f.peek();
-  if (!f.eof()) bad(path, "file holds more data than its shape " + sh + " promises");
+    bad(path, "read failed after the header");
   return t;
 }
 

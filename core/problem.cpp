@@ -1,6 +1,7 @@
 // FlashAttention, step by step — core/problem.cpp
 #include "core/problem.h"
 
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 
@@ -27,6 +28,13 @@ double Problem::flops_forward() const {
   return causal ? f / 2 : f;
 }
 
+// A number as a person would type it: "0.5", "-1", "inf", "nan".
+static std::string number_str(double x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
+}
+
 void Problem::validate() const {
   auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
   if (B <= 0) fail("batch must be positive (got " + std::to_string(B) + ")");
@@ -39,9 +47,15 @@ void Problem::validate() const {
     fail("sequence lengths must be positive (got Nq=" + std::to_string(Nq) + ", Nk=" + std::to_string(Nk) + ")");
   if (d <= 0) fail("head dim must be positive (got " + std::to_string(d) + ")");
   if (!(dropout >= 0.0f && dropout < 1.0f))
-    fail("dropout must be in [0, 1) (got " + std::to_string(dropout) + ")");
-  if (!(scale == scale) || scale == 0.0f) fail("scale must be a non-zero number");
-  if (B * Hq * Nq * d > (int64_t(1) << 34) || B * Hkv * Nk * d > (int64_t(1) << 34))
+    fail("dropout must be in [0, 1) (got " + number_str(dropout) + ")");
+  // The softmax's temperature: a positive, finite factor (step 4's kernels keep the running max in raw score
+  // units, which is right only for a positive scale; inf or NaN would turn every row into NaN).
+  if (!(scale > 0.0f && std::isfinite(scale)))
+    fail("scale must be a positive finite number (got " + number_str(scale) + ")");
+  // Counted in double: the product of four large flags would overflow int64_t and could pass as small.
+  const double max_elements = double(int64_t(1) << 34);
+  if (double(B) * double(Hq) * double(Nq) * double(d) > max_elements ||
+      double(B) * double(Hkv) * double(Nk) * double(d) > max_elements)
     fail("tensors over 2^34 elements are not supported");
 }
 

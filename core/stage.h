@@ -86,6 +86,10 @@ struct Stage {
   // "" when the stage can run `p`, otherwise the reason (e.g. "head dim 96 is not supported").
   std::function<std::string(const Problem& p, const std::string& variant)> unsupported;
   std::function<std::unique_ptr<Runner>(const Problem& p, const Inputs& in, const std::string& variant)> make;
+  // Bytes of host memory a run of `variant` on p allocates: its working buffers and its outputs. The CPU
+  // stages set it, so that the harness refuses a problem that does not fit before allocating anything;
+  // unset for the GPU stages, whose host side holds only the downloaded outputs.
+  std::function<double(const Problem& p, const std::string& variant)> host_bytes;
 
   bool gpu() const { return platform != nullptr; }
 };
@@ -95,6 +99,8 @@ struct Stage {
 struct Oracle {
   std::function<OutputsT<double>(const Problem& p, const Inputs& in)> exact;
   std::function<Outputs(const Problem& p, const Inputs& in)> naive_low_precision;
+  // Bytes of host memory a check of p allocates: both computations and their outputs, at their peak.
+  std::function<double(const Problem& p)> host_bytes;
 };
 
 }  // namespace fa

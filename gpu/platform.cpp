@@ -2,24 +2,46 @@
 #include "gpu/platform.h"
 
 #include <memory>
+#include <string>
 
 #include "gpu/cuda_util.h"
 
 namespace fa {
 namespace {
 
+std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
+// Why this machine cannot run the GPU stages, in words that say what to do about it ("" when it can).
+std::string cuda_device_problem() {
+  int n = 0, driver = 0, runtime = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  cudaGetLastError();  // clear the error, so that it does not surface in a later CUDA call
+  // The runtime says "insufficient driver" both when the driver is older than the toolkit and when there is
+  // no driver at all; cudaDriverGetVersion tells them apart (0: none). Only the first is fixed by an update.
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  if ((e == cudaSuccess && n == 0) || e == cudaErrorNoDevice || (e == cudaErrorInsufficientDriver && driver == 0))
+    return "no NVIDIA GPU or driver on this machine";
+  if (e == cudaErrorInsufficientDriver && driver < runtime)
+    return "the NVIDIA driver (CUDA " + cuda_version(driver) + ") is older than this CUDA toolkit needs (CUDA " +
+           cuda_version(runtime) + "): update the driver";
+  if (e != cudaSuccess) return std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")";
+  // The kernels are compiled for sm_90 and sm_120; a binary for sm_X0 also runs on sm_X1, sm_X2, ...
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 && major != 12)
+    return "GPU " + gpu_name() + " (sm_" + std::to_string(major) + std::to_string(minor) +
+           ") is neither sm_90 nor sm_120, which these kernels are built for";
+  return "";
+}
+
 class CudaPlatform final : public Platform {
  public:
   std::string unavailable_reason() const override {
-    int n = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice)
-        return std::string("no NVIDIA GPU or driver on this machine (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
-      return std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")";
-    }
-    return n == 0 ? "no CUDA device found" : "";
+    static const std::string why = cuda_device_problem();  // asked once: the answer does not change
+    return why;
   }
   std::string device_name() const override { return gpu_name(); }
   std::string runtime_version() const override { return cuda_runtime_version(); }

@@ -2,43 +2,69 @@
 #include "harness/cli.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
-#include <iostream>
+#include <limits>
+#include <new>
 #include <nlohmann/json.hpp>
 
 #include "core/dropout.h"
 #include "core/dtype.h"
+#include "core/host_memory.h"
 #include "core/npy.h"
 #include "core/random.h"
 
 namespace fa {
 
+// It reads the flag's text before CLI11 converts it, and its message replaces CLI11's range text (which
+// prints the bounds of a double with 300 digits).
+CLI::Validator whole_number(uint64_t lo, uint64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        uint64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [stop, error] = std::from_chars(text.data(), end, v);
+        if (error != std::errc() || stop != end || v > hi)  // not a number, negative, or too large
+          return "must be a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) + " (got " +
+                 text + ")";
+        if (v < lo) return "must be at least " + std::to_string(lo) + " (got " + text + ")";
+        return "";
+      },
+      "", "whole_number");
+}
+
 void add_common_options(CLI::App& app, CommonOptions& o) {
   Problem& p = o.problem;
-  app.add_option("--batch", p.B, "batch size B")->capture_default_str();
-  app.add_option("--heads", p.Hq, "query heads Hq")->capture_default_str();
+  auto dflt = [](int64_t v) { return " (default " + std::to_string(v) + ")"; };
+  app.add_option("--batch", o.batch, "batch size B" + dflt(p.B));
+  app.add_option("--heads", o.heads, "query heads Hq" + dflt(p.Hq));
   app.add_option("--kv-heads", o.kv_heads, "key/value heads Hkv (default: = heads; Hq % Hkv == 0 for GQA)");
   app.add_option("--seq", o.seq, "sequence length: sets both Nq and Nk (default 1024)");
   app.add_option("--seq-q", o.seq_q, "query length Nq");
   app.add_option("--seq-k", o.seq_k, "key/value length Nk");
-  app.add_option("--dim", p.d, "head dimension d")->capture_default_str();
+  app.add_option("--dim", o.dim, "head dimension d" + dflt(p.d));
   app.add_flag("--causal", p.causal, "causal mask: query i sees key j iff j <= input_pos + i");
-  app.add_option("--input-pos", o.input_pos, "absolute position of query 0 (default Nk - Nq, bottom-right)");
-  app.add_option("--scale", o.scale, "softmax scale (default 1/sqrt(d))");
+  app.add_option("--input-pos", o.input_pos,
+                 "with --causal: absolute position of query 0 (default Nk - Nq, bottom-right)");
+  app.add_option("--scale", o.scale, "softmax scale, positive (default 1/sqrt(d))");
   app.add_option("--dtype", o.dtype, "storage type of Q, K, V, O: bf16 | fp16 | fp32")
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
       ->capture_default_str();
   app.add_option("--dropout", p.dropout, "dropout probability p in [0, 1)")->capture_default_str();
-  app.add_option("--seed", p.seed, "seed of the random inputs and the dropout mask")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of the random inputs and the dropout mask" + dflt(int64_t(p.seed)))
+      ->check(whole_number(0, std::numeric_limits<uint64_t>::max()));
   app.add_flag("--backward", p.backward, "also run the backward pass (stages that have one)");
   app.add_option("--variant", o.variant, "stage variant (see the stage's README)");
-  app.add_option("--inputs", o.inputs_dir, "read q.npy, k.npy, v.npy (and do.npy) float32 from DIR");
+  app.add_option("--inputs", o.inputs_dir,
+                 "read q.npy, k.npy, v.npy (and do.npy) float32 from DIR; they set the shape");
   app.add_option("--dump", o.dump_dir, "write o.npy, lse.npy (and dq/dk/dv, dropout_mask) to DIR");
   app.add_flag("--check", o.check, "compare with step 1 in fp64; exit 1 if the tolerance rule fails");
   app.add_flag("--bench", o.bench, "time the stage: median of warmed-up runs");
@@ -51,21 +77,151 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_flag("--tuned", o.tuned, "run the configuration step 6 tuned for this GPU and problem (tunes it once)");
 }
 
-static Tensor load_checked(const std::string& dir, const std::string& name) {
-  Tensor t = read_npy(dir + "/" + name);
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const std::string& program) {
+  try {
+    app.parse(argc, argv);
+    return std::nullopt;
+  } catch (const CLI::Success& e) {  // --help: CLI11 prints it
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "%s: error: %s; see --help\n", program.c_str(), e.what());
+    return 2;
+  }
+}
+
+std::vector<std::string> flags_given(const CLI::App& app) {
+  std::vector<std::string> given;
+  for (const CLI::Option* opt : app.get_options())
+    if (opt->count() > 0) given.push_back(opt->get_name());
+  return given;
+}
+
+void refuse_flags_beside(const CLI::App& app, const std::string& mode, const std::vector<std::string>& allowed,
+                         const std::string& what_mode_does) {
+  std::string ignored;
+  for (const std::string& flag : flags_given(app))
+    if (flag != mode && std::find(allowed.begin(), allowed.end(), flag) == allowed.end())
+      ignored += (ignored.empty() ? "" : ", ") + flag;
+  if (!ignored.empty()) throw std::invalid_argument(mode + " " + what_mode_does + ": drop " + ignored);
+}
+
+void check_command_line(const CLI::App& app, const CommonOptions& o) {
+  if (o.list_variants) refuse_flags_beside(app, "--list-variants", {}, "prints the stage's names and runs nothing");
+}
+
+// The directory part of a path: "." for a bare file name.
+static std::string directory_of(const std::string& path) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+static bool is_directory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Whether --json FILE can be appended to, found out without creating it: an existing file that may be
+// written, or a new name in a directory that may be written.
+static void check_appendable(const std::string& file) {
+  struct stat st;
+  if (stat(file.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) throw std::runtime_error("--json: " + file + " is a directory, not a file");
+    if (access(file.c_str(), W_OK) != 0) throw std::runtime_error("--json: " + file + " is not writable");
+    return;
+  }
+  const std::string dir = directory_of(file);
+  if (!is_directory(dir)) throw std::runtime_error("--json: the directory " + dir + " of " + file + " does not exist");
+  if (access(dir.c_str(), W_OK) != 0) throw std::runtime_error("--json: the directory " + dir + " is not writable");
+}
+
+void check_common_flags(const Stage& s, const CommonOptions& o) {
+  auto known = [&](const std::string& v) {
+    for (const auto* list : {&s.variants, &s.tuning_variants})
+      if (std::find(list->begin(), list->end(), v) != list->end()) return true;
+    return false;
+  };
+  if (!o.bench_against.empty() && !o.bench) throw std::invalid_argument("--bench-against needs --bench");
+  if (o.tuned && !o.variant.empty())
+    throw std::invalid_argument("--tuned picks the configuration itself: give --tuned or --variant, not both");
+  for (const std::string& v : {o.variant, o.bench_against})
+    if (!v.empty() && !known(v)) throw std::invalid_argument(s.name + " has no variant '" + v + "'");
+  if (o.problem.backward && !s.has_backward) throw std::invalid_argument(s.name + " has no backward pass (--backward)");
+  if (o.tuned && s.tuning_variants.empty())
+    throw std::invalid_argument(s.name + " has no configurations to tune (--tuned)");
+  if (o.tuned && !o.tuner)
+    throw std::invalid_argument("--tuned needs step 6's autotuner, which this program does not link: run "
+                                "step6_autotune with the same flags (it tunes step 4's forward and, with "
+                                "--backward, step 5's backward)");
+  // Checked before anything is read or run, so that a typo costs nothing.
+  if (!o.dump_dir.empty()) {
+    if (!is_directory(o.dump_dir)) throw std::runtime_error("--dump: " + o.dump_dir + " is not an existing directory");
+    if (access(o.dump_dir.c_str(), W_OK) != 0) throw std::runtime_error("--dump: " + o.dump_dir + " is not writable");
+  }
+  if (!o.json_file.empty()) check_appendable(o.json_file);
+}
+
+// The position of element `flat` of a tensor of this shape, as "[0, 3, 17, 5]".
+static std::string index_str(const std::vector<int64_t>& shape, size_t flat) {
+  std::vector<int64_t> index(shape.size());
+  for (size_t k = shape.size(); k-- > 0;) {
+    index[k] = int64_t(flat % size_t(shape[k]));
+    flat /= size_t(shape[k]);
+  }
+  return shape_str(index);
+}
+
+// Reads DIR/name as an input: four dimensions, every value finite, and still finite once rounded to the
+// problem's dtype (a float above 65504 is inf in fp16). A NaN or infinity would flow through every stage and
+// the reference alike, and the check would have nothing to compare. Returns the values rounded.
+static Tensor load_input(const std::string& dir, const std::string& name, DType dtype) {
+  const std::string path = dir + "/" + name;
+  Tensor t = read_npy(path);
   if (t.shape.size() != 4)
-    throw std::runtime_error(dir + "/" + name + ": expected 4 dimensions [B, H, N, d], got " + shape_str(t.shape));
+    throw std::runtime_error(path + ": expected 4 dimensions [B, H, N, d], got " + shape_str(t.shape));
+  for (size_t k = 0; k < t.size(); ++k) {
+    const float x = t.data[k];
+    if (!std::isfinite(x))
+      throw std::invalid_argument(path + ": element " + index_str(t.shape, k) + " is " +
+                                  (std::isnan(x) ? "NaN" : x > 0 ? "inf" : "-inf") + "; inputs must be finite");
+    t.data[k] = round_to(dtype, x);
+    if (!std::isfinite(t.data[k])) {
+      char value[32];
+      std::snprintf(value, sizeof value, "%g", double(x));
+      throw std::invalid_argument(path + ": element " + index_str(t.shape, k) + " = " + value + " is beyond " +
+                                  dtype_name(dtype) + "'s range (it would round to " + (x > 0 ? "inf" : "-inf") + ")");
+    }
+  }
   return t;
+}
+
+// The shape flags given beside --inputs, which the files override: "--seq, --dim", or "".
+static std::string shape_flags_given(const CommonOptions& o) {
+  const std::pair<const char*, bool> flags[] = {
+      {"--batch", o.batch.has_value()}, {"--heads", o.heads.has_value()}, {"--kv-heads", o.kv_heads.has_value()},
+      {"--seq", o.seq.has_value()},     {"--seq-q", o.seq_q.has_value()}, {"--seq-k", o.seq_k.has_value()},
+      {"--dim", o.dim.has_value()}};
+  std::string given;
+  for (const auto& [flag, set] : flags)
+    if (set) given += (given.empty() ? "" : ", ") + std::string(flag);
+  return given;
 }
 
 Inputs prepare_inputs(CommonOptions& o) {
   Problem& p = o.problem;
   p.dtype = parse_dtype(o.dtype);
+  p.seed = o.seed.value_or(p.seed);
+  if (o.input_pos && !p.causal)
+    throw std::invalid_argument("--input-pos places the causal mask: add --causal, or drop --input-pos");
   Inputs in;
   if (!o.inputs_dir.empty()) {
-    in.q = load_checked(o.inputs_dir, "q.npy");
-    in.k = load_checked(o.inputs_dir, "k.npy");
-    in.v = load_checked(o.inputs_dir, "v.npy");
+    if (const std::string given = shape_flags_given(o); !given.empty())
+      throw std::invalid_argument("the shape comes from the files in --inputs: drop " + given);
+    if (o.seed && p.dropout == 0)
+      throw std::invalid_argument("--seed seeds the random inputs and the dropout mask: with --inputs and no "
+                                  "--dropout it has nothing to seed; drop --seed");
+    in.q = load_input(o.inputs_dir, "q.npy", p.dtype);
+    in.k = load_input(o.inputs_dir, "k.npy", p.dtype);
+    in.v = load_input(o.inputs_dir, "v.npy", p.dtype);
     if (in.k.shape != in.v.shape)
       throw std::invalid_argument("k.npy " + shape_str(in.k.shape) + " and v.npy " + shape_str(in.v.shape) +
                                   " must have the same shape");
@@ -79,7 +235,7 @@ Inputs prepare_inputs(CommonOptions& o) {
     p.Hkv = in.k.shape[1];
     p.Nk = in.k.shape[2];
     if (p.backward) {
-      in.dout = load_checked(o.inputs_dir, "do.npy");
+      in.dout = load_input(o.inputs_dir, "do.npy", p.dtype);
       if (in.dout.shape != in.q.shape)
         throw std::invalid_argument("do.npy " + shape_str(in.dout.shape) + " must have q.npy's shape " +
                                     shape_str(in.q.shape));
@@ -88,6 +244,12 @@ Inputs prepare_inputs(CommonOptions& o) {
       throw std::invalid_argument("q.npy has " + std::to_string(p.Hq) + " heads, not a multiple of k.npy's " +
                                   std::to_string(p.Hkv));
   } else {
+    if (o.seq && o.seq_q && o.seq_k)
+      throw std::invalid_argument("--seq sets Nq and Nk where --seq-q or --seq-k does not: beside both, it sets "
+                                  "nothing; drop --seq");
+    p.B = o.batch.value_or(p.B);
+    p.Hq = o.heads.value_or(p.Hq);
+    p.d = o.dim.value_or(p.d);
     p.Hkv = o.kv_heads.value_or(p.Hq);
     p.Nq = o.seq_q.value_or(o.seq.value_or(1024));
     p.Nk = o.seq_k.value_or(o.seq.value_or(1024));
@@ -95,12 +257,24 @@ Inputs prepare_inputs(CommonOptions& o) {
   p.input_pos = o.input_pos.value_or(p.Nk - p.Nq);
   p.scale = o.scale.value_or(p.d > 0 ? float(1.0 / std::sqrt(double(p.d))) : 1.0f);
   p.validate();
-  if (!o.inputs_dir.empty()) {
-    for (Tensor* t : {&in.q, &in.k, &in.v, &in.dout}) round_tensor(*t, p.dtype);
-  } else {
+  if (o.inputs_dir.empty()) {
+    require_host_memory(input_elements(p) * sizeof(float), "the random inputs");
     in = random_inputs(p);
   }
   return in;
+}
+
+void require_memory_for(const Stage& s, const Oracle& oracle, const Problem& p, const std::string& variant,
+                        bool check) {
+  // A stage that does not count its own buffers holds at least its outputs; outputs() hands a copy back.
+  const double run = (s.host_bytes ? s.host_bytes(p, variant) : output_elements(p) * sizeof(float)) +
+                     output_elements(p) * sizeof(float);
+  const double reference = check && oracle.host_bytes ? oracle.host_bytes(p) : 0.0;
+  const std::string what = s.name + (variant.empty() ? "" : " --variant " + variant) + " on this problem" +
+                           (reference > 0 ? " with --check (the run " + memory_str(run) +
+                                                ", step 1's fp64 reference " + memory_str(reference) + ")"
+                                          : "");
+  require_host_memory(run + reference, what);
 }
 
 static void print_check(const CheckReport& r) {
@@ -110,7 +284,9 @@ static void print_check(const CheckReport& r) {
     std::printf("  %-4s %12.3e %12.3e %12.3e %12.3e  %s", CheckReport::name(k), e.max_abs, e.rel_l2,
                 r.baseline[k].max_abs, r.verdict[k].tolerance, r.verdict[k].pass ? "pass" : "FAIL");
     if (!e.ok_shape) std::printf(" (wrong shape)");
-    if (e.unwritten) std::printf(" (%zu elements unwritten/NaN)", e.unwritten);
+    if (e.unwritten) std::printf(" (%zu elements unwritten: still the poison)", e.unwritten);
+    if (e.nan) std::printf(" (%zu NaN computed)", e.nan);
+    if (e.ref_nan) std::printf(" (%zu NaN in the fp64 reference)", e.ref_nan);
     if (e.mismatched_inf) std::printf(" (%zu infinities differ)", e.mismatched_inf);
     std::printf("\n");
   }
@@ -135,51 +311,61 @@ static std::vector<uint8_t> dropout_mask(const Problem& p) {
   return m;
 }
 
+// --list-variants: the variants (--variant NAME, the first the default), then the named configurations.
+static void print_variants(const Stage& s) {
+  if (s.variants.empty() && s.tuning_variants.empty()) std::printf("(%s has no variants)\n", s.name.c_str());
+  if (!s.variants.empty()) std::printf("variants (--variant NAME; the first is the default):\n");
+  for (const std::string& v : s.variants) std::printf("  %s\n", v.c_str());
+  if (!s.tuning_variants.empty()) std::printf("configurations (--variant NAME; step 6 tunes over them):\n");
+  for (const std::string& v : s.tuning_variants) std::printf("  %s\n", v.c_str());
+}
+
+// What a run computed, for a run with neither --check nor --bench: each output's shape, the sum of its
+// elements (a checksum: two runs that agree print the same) and its first values.
+static void print_outputs(const Outputs& out, bool backward) {
+  const std::pair<const char*, const Tensor*> outputs[] = {
+      {"O", &out.o}, {"LSE", &out.lse}, {"dQ", &out.dq}, {"dK", &out.dk}, {"dV", &out.dv}};
+  for (int k = 0; k < (backward ? 5 : 2); ++k) {
+    const Tensor& t = *outputs[k].second;
+    double sum = 0;
+    for (const float x : t.data) sum += x;
+    std::printf("  %-4s %-18s sum %14.6e   first", outputs[k].first, shape_str(t.shape).c_str(), sum);
+    for (size_t i = 0; i < std::min<size_t>(4, t.size()); ++i) std::printf(" %9.5f", t.data[i]);
+    std::printf("\n");
+  }
+}
+
 int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
   if (o.list_variants) {
-    for (const std::string& v : s.variants) std::printf("%s\n", v.c_str());
-    for (const std::string& v : s.tuning_variants) std::printf("%s\n", v.c_str());
-    if (s.variants.empty() && s.tuning_variants.empty()) std::printf("(%s has no variants)\n", s.name.c_str());
+    print_variants(s);
     return 0;
   }
+  check_common_flags(s, o);
   Inputs in = prepare_inputs(o);
   Problem& p = o.problem;
   std::string variant = o.variant.empty() ? (s.variants.empty() ? "" : s.variants[0]) : o.variant;
-  auto known = [&](const std::string& v) {
-    for (const auto* list : {&s.variants, &s.tuning_variants})
-      if (std::find(list->begin(), list->end(), v) != list->end()) return true;
-    return false;
-  };
-  if (!o.bench_against.empty() && !o.bench) throw std::invalid_argument("--bench-against needs --bench");
-  if (o.tuned && !o.variant.empty())
-    throw std::invalid_argument("--tuned picks the configuration itself: give --tuned or --variant, not both");
-  if (!o.dump_dir.empty()) {  // checked before any tuning or run, so that a typo costs nothing
-    struct stat st;
-    if (stat(o.dump_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      throw std::runtime_error("--dump: " + o.dump_dir + " is not an existing directory");
-  }
-  for (const std::string& v : {o.variant, o.bench_against})
-    if (!v.empty() && !known(v)) throw std::invalid_argument(s.name + " has no variant '" + v + "'");
-  if (p.backward && !s.has_backward) throw std::invalid_argument(s.name + " has no backward pass (--backward)");
   if (const std::string why = s.unsupported(p, variant); !why.empty())
     throw std::invalid_argument(s.name + " cannot run this problem: " + why);
   if (s.platform)
     if (const std::string why = s.platform->unavailable_reason(); !why.empty())
       throw std::runtime_error(s.name + " needs a CUDA GPU: " + why);
-  if (o.tuned) {
-    if (s.tuning_variants.empty()) throw std::invalid_argument(s.name + " has no configurations to tune (--tuned)");
-    if (!o.tuner)
-      throw std::invalid_argument("--tuned needs step 6's autotuner, which this program does not link: run "
-                                  "step6_autotune with the same flags (it tunes step 4's forward and, with "
-                                  "--backward, step 5's backward)");
-    variant = o.tuner(s, p);
-  }
+  // Before tuning, which takes a while: the stages with configurations run on a GPU, and what they need of
+  // the host does not depend on the configuration.
+  require_memory_for(s, oracle, p, variant, o.check);
+  if (o.tuned) variant = o.tuner(s, p);
   std::printf("%s%s%s: %s\n", s.name.c_str(), variant.empty() ? "" : " --variant ", variant.c_str(),
               p.describe().c_str());
   auto runner = s.make(p, in, variant);
+  const auto start = std::chrono::steady_clock::now();
   runner->run();
   if (p.backward) runner->run_backward();
   const Outputs out = runner->outputs();
+  const double run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!o.check && !o.bench) {
+    print_outputs(out, p.backward);
+    std::printf("  one run, not warmed up: %.3f ms\n", run_ms);
+    std::printf("add --check to compare with step 1 in fp64, --bench to time warmed-up runs\n");
+  }
 
   int rc = 0;
   nlohmann::json rec = {{"stage", s.name},     {"variant", variant},       {"B", p.B},
@@ -261,16 +447,32 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
   return rc;
 }
 
-int stage_main(const Stage& s, const Oracle& oracle, int argc, char** argv) {
+int report_error(const std::string& program) {
+  std::string what;
   try {
-    CLI::App app{s.name + ": " + s.title};
-    CommonOptions o;
-    add_common_options(app, o);
-    CLI11_PARSE(app, argc, argv);
-    return run_stage(s, oracle, o);
+    throw;
+  } catch (const std::bad_alloc&) {
+    what = "out of memory: a buffer of this run could not be allocated; a smaller problem would fit";
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", s.name.c_str(), e.what());
-    return 2;
+    what = e.what();
+  } catch (...) {
+    what = "an exception of unknown type";
+  }
+  std::fflush(stdout);  // what the run printed so far comes first
+  std::fprintf(stderr, "%s: error: %s\n", program.c_str(), what.c_str());
+  return 2;
+}
+
+int stage_main(const Stage& s, const Oracle& oracle, int argc, char** argv) {
+  CLI::App app{s.name + ": " + s.title};
+  CommonOptions o;
+  add_common_options(app, o);
+  if (const std::optional<int> rc = parse_command_line(app, argc, argv, s.name)) return *rc;
+  try {
+    check_command_line(app, o);
+    return run_stage(s, oracle, o);
+  } catch (...) {
+    return report_error(s.name);
   }
 }
 

@@ -2,24 +2,34 @@
 // The one harness: the common command line of every stage executable, input set-up, dumps and JSON
 // records (the check against the oracle and the timing live in eval.h). A stage's main hands its own
 // Stage and step 1's oracle to stage_main(); nothing here knows any particular stage.
+//
+// Bad input is refused before anything runs, with one line on stderr and exit code 2: a malformed flag,
+// flags that contradict each other or that the run would ignore, non-finite values in --inputs, a problem
+// that does not fit in the machine's memory. Nothing is written by a refused run.
 #pragma once
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/stage.h"
 #include "harness/eval.h"
 
 namespace CLI {
 class App;
+class Validator;
 }
 
 namespace fa {
 
 struct CommonOptions {
-  Problem problem;                       // B, Hq, d, causal, dtype, dropout, seed, backward
-  std::optional<int64_t> kv_heads, seq, seq_q, seq_k, input_pos;
+  // The problem. prepare_inputs() resolves its shape, seed and scale from the flags below, its own defaults
+  // standing in for the flags not given; --causal, --dropout and --backward set it directly.
+  Problem problem;
+  // Unset: the flag was not given (so that --inputs can refuse the shape flags it would ignore).
+  std::optional<int64_t> batch, heads, kv_heads, seq, seq_q, seq_k, dim, input_pos;
+  std::optional<uint64_t> seed;
   std::optional<float> scale;
   std::string dtype = "bf16";
   std::string variant;  // "" = the stage's default
@@ -37,13 +47,51 @@ struct CommonOptions {
 // Adds the flags every stage accepts (--batch ... --json) to `app`.
 void add_common_options(CLI::App& app, CommonOptions& o);
 
+// A check for a flag's value (option->check(whole_number(1, ...))): a whole number in [lo, hi], refused
+// with a plain message ("--tile: must be at least 1 (got 0)"); "-1" is refused, not wrapped around into
+// an unsigned 18446744073709551615.
+CLI::Validator whole_number(uint64_t lo, uint64_t hi);
+
+// Parses the command line into `app`. Returns std::nullopt to go on, or the exit code to stop with: 0 after
+// --help (printed), 2 after a malformed command line (one line on stderr: "program: error: ...").
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const std::string& program);
+
+// The flags given on the command line ("--seq", "--check", ...), in the order the program declared them.
+std::vector<std::string> flags_given(const CLI::App& app);
+
+// Throws std::invalid_argument when a flag other than `mode` and `allowed` was given: `mode` would ignore
+// it. The message says what the mode does and what to drop: "--trace <does>: drop --check, --seq".
+void refuse_flags_beside(const CLI::App& app, const std::string& mode, const std::vector<std::string>& allowed,
+                         const std::string& what_mode_does);
+
+// The refusals that need to know which flags were typed, for a program using the common flags: today,
+// --list-variants runs nothing, so it comes alone.
+void check_command_line(const CLI::App& app, const CommonOptions& o);
+
+// Flag combinations that cannot run, refused before any input is read or drawn: --bench-against without
+// --bench, --tuned with --variant or without configurations to tune, a variant the stage does not have,
+// --backward for a stage without one, a --dump directory or --json file that cannot be written.
+void check_common_flags(const Stage& s, const CommonOptions& o);
+
 // Resolves defaults (input_pos = Nk - Nq, scale = 1/sqrt(d)), reads --inputs or draws random inputs,
-// validates. Throws std::invalid_argument / std::runtime_error with a clear message.
+// validates. Refuses shape flags beside --inputs (the files set the shape), --input-pos without --causal,
+// and non-finite input values (or values the dtype rounds to infinity), naming the file and the element.
+// Throws std::invalid_argument / std::runtime_error with a clear message.
 Inputs prepare_inputs(CommonOptions& o);
 
-// Runs one stage as its executable does: check (against `oracle`), bench, dump, json. Returns the process
-// exit code; bad input throws std::invalid_argument / std::runtime_error.
+// Throws std::runtime_error when running `variant` of s on p (and, with `check`, the oracle's fp64
+// reference) needs more host memory than the machine has available, saying how much of each.
+void require_memory_for(const Stage& s, const Oracle& oracle, const Problem& p, const std::string& variant,
+                        bool check);
+
+// Runs one stage as its executable does: check (against `oracle`), bench, dump, json; a run with neither
+// --check nor --bench prints what it computed (shapes, checksums, first values, its time). Returns the
+// process exit code; bad input throws std::invalid_argument / std::runtime_error.
 int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o);
+
+// Call inside a catch (...) block: reports the exception being handled as one line on stderr,
+// "program: error: ...", and returns the exit code 2. A failed allocation is said in words.
+int report_error(const std::string& program);
 
 // main() of a stage executable with no flags of its own: parses the common flags, runs, and turns any
 // error into one line on stderr and exit code 2.

@@ -41,10 +41,12 @@ const Stage& find_stage(const std::string& name) {
 }
 
 std::string gpu_unavailable_reason() {
-#ifdef FA_WITH_CUDA
+#if defined(FA_WITH_CUDA)
   return cuda_platform().unavailable_reason();
+#elif defined(FA_CUDA_DISABLED_BY_OPTION)
+  return "the GPU stages were not built (configured with -DFA_WITH_CUDA=OFF)";
 #else
-  return "this build has no GPU stages (configured without a CUDA compiler, or with -DFA_WITH_CUDA=OFF)";
+  return "the GPU stages were not built (nvcc was not found at configure time)";
 #endif
 }
 

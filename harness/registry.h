@@ -15,7 +15,8 @@ namespace fa {
 const std::vector<Stage>& stages();
 const Stage& find_stage(const std::string& name);  // throws std::invalid_argument if unknown
 
-// Why GPU stages cannot run here ("" when a CUDA device is usable): not built with CUDA, or no device.
+// Why the GPU stages cannot run here, in plain words ("" when they can): they were not built, there is no
+// GPU or driver, the driver is older than the CUDA toolkit, or the GPU is not one the kernels are built for.
 std::string gpu_unavailable_reason();
 
 // Step 1's oracle, and the check against it (what the tests and the tour use).

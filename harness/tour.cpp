@@ -2,15 +2,30 @@
 // against step 1 and timed, in one table. The README's first command runs this.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
 
 #include "harness/cli.h"
 #include "harness/registry.h"
 
 namespace {
 
-struct Row {
-  std::string stage, result;
-};
+// --gpu-status: one line for scripts (run.sh test, docs/bench/sweep.py) that must know before they start
+// whether the GPU stages can run: the GPU's name and exit code 0, or the reason why not and exit code 1.
+int print_gpu_status() {
+  if (const std::string why = fa::gpu_unavailable_reason(); !why.empty()) {
+    std::printf("%s\n", why.c_str());
+    return 1;
+  }
+  for (const fa::Stage& s : fa::stages())
+    if (s.gpu()) {
+      std::printf("%s\n", s.platform->device_name().c_str());
+      break;
+    }
+  return 0;
+}
 
 }  // namespace
 
@@ -18,8 +33,21 @@ int main(int argc, char** argv) {
   CLI::App app{"flashattention_tour: run every stage on its default problem, check it and time it"};
   fa::CommonOptions o;
   fa::add_common_options(app, o);
-  CLI11_PARSE(app, argc, argv);
+  bool gpu_status = false;
+  app.add_flag("--gpu-status", gpu_status,
+               "print the GPU the GPU stages run on (exit 0) or why they cannot run here (exit 1); run nothing");
+  if (const std::optional<int> rc = fa::parse_command_line(app, argc, argv, "flashattention_tour")) return *rc;
   try {
+    if (gpu_status) {
+      fa::refuse_flags_beside(app, "--gpu-status", {}, "prints one line and runs nothing");
+      return print_gpu_status();
+    }
+    // The flags of one stage's own executable mean nothing here: the tour runs every stage and variant.
+    for (const std::string& f : fa::flags_given(app))
+      if (f == "--variant" || f == "--dump" || f == "--bench" || f == "--json" || f == "--list-variants" ||
+          f == "--bench-against")
+        throw std::invalid_argument(f + " is a flag of a stage's own executable (the tour runs every stage and "
+                                    "variant, checked and timed once): drop " + f);
     o.check = true;
     o.tuner = fa::tuned_variant;  // --tuned: the stages with configurations run step 6's choice
     const fa::Inputs in = fa::prepare_inputs(o);
@@ -48,22 +76,30 @@ int main(int argc, char** argv) {
           std::printf("skipped: %s\n", why.c_str());
           continue;
         }
-        auto runner = s.make(p, in, v);
-        runner->run();
-        if (p.backward && s.has_backward) runner->run_backward();
-        const fa::CheckReport r = fa::check_against_reference(p, in, runner->outputs());
-        const fa::Timing t = fa::time_runner(*runner, s, false);
-        const double rate = p.flops_forward() / (t.fwd_ms * 1e-3);
-        char tp[32];
-        std::snprintf(tp, sizeof tp, s.gpu() ? "%.1f TFLOP/s" : "%.1f GFLOP/s", s.gpu() ? rate * 1e-12 : rate * 1e-9);
-        std::printf("%11.2e %8s %11.3f %12s\n", r.stage[0].max_abs, r.pass ? "pass" : "FAIL", t.fwd_ms, tp);
-        if (!r.pass) ++failures;
+        try {  // one stage's error (out of memory, say) is its row's, and the tour goes on
+          fa::require_memory_for(s, fa::reference_oracle(), p, v, true);
+          auto runner = s.make(p, in, v);
+          runner->run();
+          if (p.backward && s.has_backward) runner->run_backward();
+          const fa::CheckReport r = fa::check_against_reference(p, in, runner->outputs());
+          const fa::Timing t = fa::time_runner(*runner, s, false);
+          const double rate = p.flops_forward() / (t.fwd_ms * 1e-3);
+          char tp[32];
+          std::snprintf(tp, sizeof tp, s.gpu() ? "%.1f TFLOP/s" : "%.1f GFLOP/s", s.gpu() ? rate * 1e-12 : rate * 1e-9);
+          std::printf("%11.2e %8s %11.3f %12s\n", r.stage[0].max_abs, r.pass ? "pass" : "FAIL", t.fwd_ms, tp);
+          if (!r.pass) ++failures;
+        } catch (const std::bad_alloc&) {
+          std::printf("error: out of memory\n");
+          ++failures;
+        } catch (const std::exception& e) {
+          std::printf("error: %s\n", e.what());
+          ++failures;
+        }
       }
     }
     std::printf("\nerrors are max |O - O_ref| against step 1 in fp64; 'check' applies the tolerance rule to O and LSE\n");
     return failures ? 1 : 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "flashattention_tour: error: %s\n", e.what());
-    return 2;
+  } catch (...) {
+    return fa::report_error("flashattention_tour");
   }
 }

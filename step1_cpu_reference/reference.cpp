@@ -3,11 +3,14 @@
 #include "reference.h"
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "core/dropout.h"
 #include "core/dtype.h"
+#include "core/host_memory.h"
+#include "core/parallel.h"
 
 namespace fa::step1 {
 
@@ -38,80 +41,88 @@ Result<T> attention(const Problem& p, const Inputs& in, bool backward, DType emu
   }
 
   // One (b, kv head) per iteration, so the GQA sums into dK/dV stay inside one thread.
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t hk = 0; hk < Hkv; ++hk) {
-      const int64_t kv_off = (b * Hkv + hk) * Nk * d;
-      const Mat<T> K = ConstMapF(in.k.ptr() + kv_off, Nk, d).cast<T>();  // [Nk, d]
-      const Mat<T> V = ConstMapF(in.v.ptr() + kv_off, Nk, d).cast<T>();  // [Nk, d]
-      Mat<T> dK_sum = Mat<T>::Zero(Nk, d), dV_sum = Mat<T>::Zero(Nk, d);
+  parallel_for_2d(B, Hkv, [&](int64_t b, int64_t hk) {
+    const int64_t kv_off = (b * Hkv + hk) * Nk * d;
+    const Mat<T> K = ConstMapF(in.k.ptr() + kv_off, Nk, d).cast<T>();  // [Nk, d]
+    const Mat<T> V = ConstMapF(in.v.ptr() + kv_off, Nk, d).cast<T>();  // [Nk, d]
+    Mat<T> dK_sum = Mat<T>::Zero(Nk, d), dV_sum = Mat<T>::Zero(Nk, d);
 
-      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
-        const int64_t q_off = (b * Hq + h) * Nq * d;
-        const Mat<T> Q = ConstMapF(in.q.ptr() + q_off, Nq, d).cast<T>();  // [Nq, d]
+    for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+      const int64_t q_off = (b * Hq + h) * Nq * d;
+      const Mat<T> Q = ConstMapF(in.q.ptr() + q_off, Nq, d).cast<T>();  // [Nq, d]
 
-        // S = scale * Q K^T, then the mask.                                  [Nq, Nk]
-        Mat<T> S = scale * (Q * K.transpose());
-        rnd(S);
+      // S = scale * Q K^T, then the mask.                                  [Nq, Nk]
+      Mat<T> S = scale * (Q * K.transpose());
+      rnd(S);
+      for (int64_t i = 0; i < Nq; ++i)
+        for (int64_t j = 0; j < Nk; ++j)
+          if (!sees(p.causal, p.input_pos, i, j)) S(i, j) = -inf;
+
+      // 3-pass safe softmax: row max, row sum of exp(S - max), normalise.  [Nq, Nk]
+      Mat<T> P(Nq, Nk);
+      for (int64_t i = 0; i < Nq; ++i) {
+        const T m = S.row(i).maxCoeff();
+        T* lse = &r.lse.data[(b * Hq + h) * Nq + i];
+        if (m == -inf) {  // the row sees no key: O = 0, LSE = -inf
+          P.row(i).setZero();
+          *lse = -inf;
+          continue;
+        }
+        T l = 0;
+        for (int64_t j = 0; j < Nk; ++j) l += (P(i, j) = std::exp(S(i, j) - m));
+        P.row(i) /= l;
+        *lse = m + std::log(l);
+      }
+      rnd(P);
+
+      // Dropout: Z is 0 or 1/(1-p) per element, from the shared Philox mask.   [Nq, Nk]
+      Mat<T> Z = Mat<T>::Ones(Nq, Nk);
+      if (drop.threshold != 0)
         for (int64_t i = 0; i < Nq; ++i)
           for (int64_t j = 0; j < Nk; ++j)
-            if (!sees(p.causal, p.input_pos, i, j)) S(i, j) = -inf;
+            Z(i, j) = dropout_keep(drop, uint32_t(b), uint32_t(h), uint32_t(i), uint32_t(j)) ? keep_scale : T(0);
+      Mat<T> Pd = P.cwiseProduct(Z);
+      rnd(Pd);
 
-        // 3-pass safe softmax: row max, row sum of exp(S - max), normalise.  [Nq, Nk]
-        Mat<T> P(Nq, Nk);
-        for (int64_t i = 0; i < Nq; ++i) {
-          const T m = S.row(i).maxCoeff();
-          T* lse = &r.lse.data[(b * Hq + h) * Nq + i];
-          if (m == -inf) {  // the row sees no key: O = 0, LSE = -inf
-            P.row(i).setZero();
-            *lse = -inf;
-            continue;
-          }
-          T l = 0;
-          for (int64_t j = 0; j < Nk; ++j) l += (P(i, j) = std::exp(S(i, j) - m));
-          P.row(i) /= l;
-          *lse = m + std::log(l);
-        }
-        rnd(P);
+      Mat<T> O = Pd * V;  // [Nq, d]
+      rnd(O);
+      Eigen::Map<Mat<T>>(r.o.ptr() + q_off, Nq, d) = O;
+      if (!backward) continue;
 
-        // Dropout: Z is 0 or 1/(1-p) per element, from the shared Philox mask.   [Nq, Nk]
-        Mat<T> Z = Mat<T>::Ones(Nq, Nk);
-        if (drop.threshold != 0)
-          for (int64_t i = 0; i < Nq; ++i)
-            for (int64_t j = 0; j < Nk; ++j)
-              Z(i, j) = dropout_keep(drop, uint32_t(b), uint32_t(h), uint32_t(i), uint32_t(j)) ? keep_scale : T(0);
-        Mat<T> Pd = P.cwiseProduct(Z);
-        rnd(Pd);
-
-        Mat<T> O = Pd * V;  // [Nq, d]
-        rnd(O);
-        Eigen::Map<Mat<T>>(r.o.ptr() + q_off, Nq, d) = O;
-        if (!backward) continue;
-
-        const Mat<T> dO = ConstMapF(in.dout.ptr() + q_off, Nq, d).cast<T>();  // [Nq, d]
-        const Eigen::Matrix<T, Eigen::Dynamic, 1> D = dO.cwiseProduct(O).rowwise().sum();  // [Nq]
-        Mat<T> dV = Pd.transpose() * dO;  // [Nk, d]
-        Mat<T> dPd = dO * V.transpose();  // [Nq, Nk]
-        rnd(dPd);
-        Mat<T> dP = dPd.cwiseProduct(Z);
-        rnd(dP);
-        Mat<T> dS = P.cwiseProduct(dP.colwise() - D);  // [Nq, Nk]
-        rnd(dS);
-        Mat<T> dQ = scale * (dS * K);  // [Nq, d]
-        rnd(dQ);
-        Eigen::Map<Mat<T>>(r.dq.ptr() + q_off, Nq, d) = dQ;
-        dK_sum += scale * (dS.transpose() * Q);
-        dV_sum += dV;
-      }
-      if (backward) {
-        rnd(dK_sum);
-        rnd(dV_sum);
-        Eigen::Map<Mat<T>>(r.dk.ptr() + kv_off, Nk, d) = dK_sum;
-        Eigen::Map<Mat<T>>(r.dv.ptr() + kv_off, Nk, d) = dV_sum;
-      }
+      const Mat<T> dO = ConstMapF(in.dout.ptr() + q_off, Nq, d).cast<T>();  // [Nq, d]
+      const Eigen::Matrix<T, Eigen::Dynamic, 1> D = dO.cwiseProduct(O).rowwise().sum();  // [Nq]
+      Mat<T> dV = Pd.transpose() * dO;  // [Nk, d]
+      Mat<T> dPd = dO * V.transpose();  // [Nq, Nk]
+      rnd(dPd);
+      Mat<T> dP = dPd.cwiseProduct(Z);
+      rnd(dP);
+      Mat<T> dS = P.cwiseProduct(dP.colwise() - D);  // [Nq, Nk]
+      rnd(dS);
+      Mat<T> dQ = scale * (dS * K);  // [Nq, d]
+      rnd(dQ);
+      Eigen::Map<Mat<T>>(r.dq.ptr() + q_off, Nq, d) = dQ;
+      dK_sum += scale * (dS.transpose() * Q);
+      dV_sum += dV;
     }
-  }
+    if (backward) {
+      rnd(dK_sum);
+      rnd(dV_sum);
+      Eigen::Map<Mat<T>>(r.dk.ptr() + kv_off, Nk, d) = dK_sum;
+      Eigen::Map<Mat<T>>(r.dv.ptr() + kv_off, Nk, d) = dV_sum;
+    }
+  });
   return r;
+}
+
+double memory_needed(const Problem& p, bool backward, size_t element_bytes) {
+  const double Nq = double(p.Nq), Nk = double(p.Nk), d = double(p.d);
+  // One iteration of the loop above: S, P, Z, Pd [Nq, Nk] (and dPd, dP, dS for the backward); K, V and the
+  // dK, dV sums [Nk, d]; Q, O (and dO, dQ) [Nq, d]. As many iterations run at once as there are threads.
+  const double per_iteration = (backward ? 7 : 4) * Nq * Nk + 4 * Nk * d + (backward ? 4 : 2) * Nq * d;
+  const double working = double(parallel_workers(p.B * p.Hkv)) * per_iteration;
+  Problem outputs_of = p;
+  outputs_of.backward = backward;
+  return (working + output_elements(outputs_of)) * double(element_bytes);
 }
 
 template Result<float> attention<float>(const Problem&, const Inputs&, bool, DType);
@@ -144,6 +155,11 @@ Stage stage() {
   s.make = [](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
     return std::make_unique<CpuRunner>(p, in);
   };
+  // The run's matrices and outputs in float, and the outputs of the run before, which a Runner holds until
+  // the new ones are complete.
+  s.host_bytes = [](const Problem& p, const std::string&) {
+    return memory_needed(p, p.backward, sizeof(float)) + output_elements(p) * sizeof(float);
+  };
   return s;
 }
 
@@ -151,6 +167,12 @@ Oracle oracle() {
   Oracle o;
   o.exact = [](const Problem& p, const Inputs& in) { return attention<double>(p, in, p.backward); };
   o.naive_low_precision = [](const Problem& p, const Inputs& in) { return attention<float>(p, in, p.backward, p.dtype); };
+  // check_against keeps the fp64 outputs while the float run works: the larger of the two moments.
+  o.host_bytes = [](const Problem& p) {
+    const double fp64_outputs = output_elements(p) * sizeof(double);
+    return std::max(memory_needed(p, p.backward, sizeof(double)),
+                    fp64_outputs + memory_needed(p, p.backward, sizeof(float)));
+  };
   return o;
 }
 

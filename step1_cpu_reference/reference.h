@@ -35,6 +35,11 @@ Result<T> attention(const Problem& p, const Inputs& in, bool backward, DType emu
 extern template Result<float> attention<float>(const Problem&, const Inputs&, bool, DType);
 extern template Result<double> attention<double>(const Problem&, const Inputs&, bool, DType);
 
+// Bytes attention<T> allocates for p (element_bytes = sizeof(T)): the matrices of the threads running at
+// once, each holding four [Nq, Nk] matrices (seven with the backward), and the outputs. The harness refuses
+// a problem whose need exceeds the machine's available memory before running it (core/host_memory.h).
+double memory_needed(const Problem& p, bool backward, size_t element_bytes);
+
 // The registry entry of this stage.
 Stage stage();
 

@@ -4,9 +4,13 @@
 //   step2_online_softmax --variant fa2 --check one variant, with the harness's full report (and --dump, --json)
 //   step2_online_softmax --trace               the worked example N = 6, d = 2, M = 20, block by block
 //   step2_online_softmax --footprint           the intermediate memory of 3pass, 2pass and online
-// --tile sets the keys per tile of 2pass and online, --budget the on-chip floats M of fa1 and fa2.
+// --tile sets the keys per tile of 2pass and online, --budget the on-chip floats M of fa1 and fa2. A flag
+// that the chosen mode or variant would ignore is refused, as the common CLI refuses bad input: one line,
+// exit code 2.
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 
 #include "harness/cli.h"
 #include "step1_cpu_reference/reference.h"
@@ -28,9 +32,12 @@ std::string blocks_of(const std::string& v, const fa::step2::Config& cfg, int64_
 int run_all(const fa::Stage& s, fa::CommonOptions& o, const fa::step2::Config& cfg) {
   if (!o.dump_dir.empty() || !o.json_file.empty())
     throw std::invalid_argument("--dump and --json record one variant: add --variant");
-  if (o.problem.backward) throw std::invalid_argument(s.name + " has no backward pass (--backward)");
+  fa::check_common_flags(s, o);  // --bench-against needs --bench, no --backward, no --tuned, ...
+  if (!o.bench_against.empty())
+    throw std::invalid_argument("--bench-against times one variant against another: add --variant");
   const fa::Inputs in = fa::prepare_inputs(o);
   const fa::Problem& p = o.problem;
+  for (const std::string& v : s.variants) fa::require_memory_for(s, fa::step1::oracle(), p, v, o.check);
   std::printf("%s: %s  (%.2f GFLOP)\n", s.name.c_str(), p.describe().c_str(), p.flops_forward() * 1e-9);
   std::printf("%-8s %-20s %12s %12s %6s %11s %9s\n", "variant", "blocks", "max|O| err", "max|LSE| err", "check",
               "time [ms]", "GFLOP/s");
@@ -57,13 +64,16 @@ int run_all(const fa::Stage& s, fa::CommonOptions& o, const fa::step2::Config& c
   if (o.check)
     std::printf("errors against step 1 in fp64; check: max_abs <= 2 * (step 1 in %s) + 1e-5 * max(1, |ref|)\n",
                 fa::dtype_name(p.dtype));
+  if (!o.check && !o.bench)
+    std::printf("every variant ran once; --check compares each with step 1 in fp64, --bench times it\n");
   return failures ? 1 : 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"step2_online_softmax: the online-softmax invariant on the CPU (3pass, 2pass, online, fa1, fa2)"};
+  const std::string name = "step2_online_softmax";
+  CLI::App app{name + ": the online-softmax invariant on the CPU (3pass, 2pass, online, fa1, fa2)"};
   fa::CommonOptions o;
   fa::add_common_options(app, o);
   fa::step2::Config cfg;
@@ -71,28 +81,40 @@ int main(int argc, char** argv) {
   app.add_flag("--trace", trace, "print the worked example (N = 6, d = 2, M = 20) block by block, then exit");
   app.add_flag("--footprint", footprint,
                "print the intermediate memory of 3pass, 2pass and online for --seq-q, --seq-k, --dim, --tile");
+  const uint64_t most = std::numeric_limits<int64_t>::max();
   app.add_option("--tile", cfg.tile, "keys per tile of 2pass and online")
-      ->check(CLI::PositiveNumber)
+      ->check(fa::whole_number(1, most))
       ->capture_default_str();
   app.add_option("--budget", cfg.budget, "on-chip floats M of fa1 and fa2: Bc = ceil(M / 4d), Br = min(Bc, d)")
-      ->check(CLI::PositiveNumber)
+      ->check(fa::whole_number(1, most))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> rc = fa::parse_command_line(app, argc, argv, name)) return *rc;
   try {
+    fa::check_command_line(app, o);
     if (trace) {
-      std::fputs(fa::step2::trace(o.problem.seed).c_str(), stdout);
+      fa::refuse_flags_beside(app, "--trace", {"--seed"},
+                              "prints one fixed worked example (N = 6, d = 2, M = 20), changed only by --seed");
+      std::fputs(fa::step2::trace(o.seed.value_or(0)).c_str(), stdout);
       return 0;
     }
     if (footprint) {
+      fa::refuse_flags_beside(app, "--footprint", {"--seq", "--seq-q", "--seq-k", "--dim", "--tile", "--budget"},
+                              "prints a memory table of --seq, --seq-q, --seq-k, --dim, --tile and --budget");
       const int64_t Nq = o.seq_q.value_or(o.seq.value_or(1024)), Nk = o.seq_k.value_or(o.seq.value_or(1024));
-      if (Nq <= 0 || Nk <= 0 || o.problem.d <= 0) throw std::invalid_argument("sizes must be positive");
-      std::fputs(fa::step2::footprint_table(Nq, Nk, o.problem.d, cfg.tile, cfg.budget).c_str(), stdout);
+      const int64_t d = o.dim.value_or(o.problem.d);
+      if (Nq <= 0 || Nk <= 0 || d <= 0) throw std::invalid_argument("sizes must be positive");
+      std::fputs(fa::step2::footprint_table(Nq, Nk, d, cfg.tile, cfg.budget).c_str(), stdout);
       return 0;
     }
+    // One variant uses one of the two settings: the other would be ignored.
+    const std::string& v = o.variant;
+    if (app.count("--tile") && !v.empty() && v != "2pass" && v != "online")
+      throw std::invalid_argument("--tile sets the tiles of 2pass and online; --variant " + v + " does not use it");
+    if (app.count("--budget") && !v.empty() && v != "fa1" && v != "fa2")
+      throw std::invalid_argument("--budget sets the blocks of fa1 and fa2; --variant " + v + " does not use it");
     const fa::Stage s = fa::step2::stage(cfg);
-    return o.variant.empty() && !o.list_variants ? run_all(s, o, cfg) : fa::run_stage(s, fa::step1::oracle(), o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "step2_online_softmax: error: %s\n", e.what());
-    return 2;
+    return v.empty() && !o.list_variants ? run_all(s, o, cfg) : fa::run_stage(s, fa::step1::oracle(), o);
+  } catch (...) {
+    return fa::report_error(name);
   }
 }

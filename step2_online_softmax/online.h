@@ -102,6 +102,9 @@ struct Config {
   int64_t budget = 16384; // M: on-chip floats of fa1 and fa2 (64 KB)
 };
 Outputs attention(const Problem& p, const Inputs& in, const std::string& variant, const Config& cfg);
+// Bytes of host memory a run of `variant` allocates: the buffers of the heads in flight at once (one per
+// thread) and the outputs. 3pass and 2pass hold [Nq, Nk] per head; the tiled variants a few tiles.
+double memory_needed(const Problem& p, const std::string& variant, const Config& cfg);
 
 // --footprint: intermediate memory of 3pass, 2pass and online (and fa2's on-chip working set).
 std::string footprint_table(int64_t Nq, int64_t Nk, int64_t d, int64_t tile, int64_t budget);

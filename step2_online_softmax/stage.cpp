@@ -3,10 +3,12 @@
 //
 // attention() runs one variant on every (batch, query head) pair, in parallel over heads; the Runner wraps
 // it for the harness. footprint_table() counts the buffers each variant of passes.cpp allocates.
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <stdexcept>
 
+#include "core/parallel.h"
 #include "tiles.h"
 
 namespace fa::step2 {
@@ -44,10 +46,26 @@ Outputs attention(const Problem& p, const Inputs& in, const std::string& variant
   Outputs out;
   out.o = Tensor({p.B, p.Hq, p.Nq, p.d});
   out.lse = Tensor({p.B, p.Hq, p.Nq});
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.Hq; ++h) run(head_of(p, in, out, b, h));
+  parallel_for_2d(p.B, p.Hq, [&](int64_t b, int64_t h) { run(head_of(p, in, out, b, h)); });
   return out;
+}
+
+double memory_needed(const Problem& p, const std::string& variant, const Config& cfg) {
+  const double Nq = double(p.Nq), Nk = double(p.Nk), d = double(p.d);
+  const double tile = double(std::min(cfg.tile, p.Nk)), T = double(ceil_div(p.Nk, cfg.tile));
+  const Blocks bl = blocks_from_budget(cfg.budget, p.d);
+  const double Br = double(bl.Br), Bc = double(bl.Bc);
+  // The floats one head holds at once, as footprint_table() counts them, plus the [Nq, d] product the two
+  // untiled variants form before storing O.
+  double per_head = 0;
+  if (variant == "3pass") per_head = Nq * Nk + Nq * d;
+  else if (variant == "2pass") per_head = Nq * Nk + 3 * Nq * T + Nq * tile + Nq + Nq * d;
+  else if (variant == "online") per_head = tile + d;
+  else if (variant == "fa1") per_head = Br * Bc + Br * d + 2 * Nq + 2 * Br;
+  else per_head = Br * d + 2 * Br * Bc + 3 * Br;  // fa2
+  const double outputs = double(p.B) * double(p.Hq) * Nq * (d + 1);
+  // A Runner holds the outputs of its previous run until the new ones are complete: outputs twice.
+  return (double(parallel_workers(p.B * p.Hq)) * per_head + 2 * outputs) * sizeof(float);
 }
 
 namespace {
@@ -70,9 +88,21 @@ class Step2Runner final : public Runner {
 // printf into a std::string.
 template <typename... A>
 void out(std::string& s, const char* fmt, A... a) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, fmt, a...);
-  s += buf;
+  if constexpr (sizeof...(A) == 0) {
+    s += fmt;  // a plain string: no format to apply
+  } else {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, fmt, a...);
+    s += buf;
+  }
+}
+
+// A ratio with two decimals, or two significant digits below 0.1, so that a small one still shows:
+// "1.05", "0.004" rather than "0.00".
+std::string ratio_str(double r) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, r >= 0.1 ? "%.2f" : "%.2g", r);
+  return buf;
 }
 
 }  // namespace
@@ -87,6 +117,7 @@ Stage stage(const Config& cfg) {
   s.make = [cfg](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
     return std::make_unique<Step2Runner>(p, in, v, cfg);
   };
+  s.host_bytes = [cfg](const Problem& p, const std::string& v) { return memory_needed(p, v, cfg); };
   return s;
 }
 
@@ -128,8 +159,8 @@ std::string footprint_table(int64_t Nq, int64_t Nk, int64_t d, int64_t tile, int
         (long long)(b.per_row * Nq), (long long)(4 * b.per_row * Nq));
     if (k + 1 == bufs.size() || std::string(bufs[k + 1].variant) != b.variant) {
       const int64_t n = total(b.variant);
-      out(s, "%-7s %-25s %-16s %12lld %14lld %12lld   %.2fx of 3pass\n", b.variant, "total", "", (long long)n,
-          (long long)(n * Nq), (long long)(4 * n * Nq), double(n) / double(base));
+      out(s, "%-7s %-25s %-16s %12lld %14lld %12lld   %sx of 3pass\n", b.variant, "total", "", (long long)n,
+          (long long)(n * Nq), (long long)(4 * n * Nq), ratio_str(double(n) / double(base)).c_str());
     }
   }
   const Blocks bl = blocks_from_budget(budget, d);

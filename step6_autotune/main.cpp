@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -21,17 +22,18 @@
 #include "step5_backward/backward.h"
 
 int main(int argc, char** argv) {
+  CLI::App app{"step6_autotune: steps 4 and 5 in the configurations tuned for this GPU and problem"};
+  fa::CommonOptions o;
+  fa::add_common_options(app, o);
+  bool force = false, clear = false;
+  std::string cache, table_json;
+  app.add_flag("--autotune", force, "time every configuration again, even if the cache has a choice");
+  app.add_option("--cache", cache, "the cache file (default " + fa::step6::default_cache_path() + ")");
+  app.add_flag("--clear-cache", clear, "delete the cache file, then continue (or stop, if nothing else to do)");
+  app.add_option("--table-json", table_json, "append this problem's table of every config's TFLOP/s to FILE");
+  if (const std::optional<int> rc = fa::parse_command_line(app, argc, argv, "step6_autotune")) return *rc;
   try {
-    CLI::App app{"step6_autotune: steps 4 and 5 in the configurations tuned for this GPU and problem"};
-    fa::CommonOptions o;
-    fa::add_common_options(app, o);
-    bool force = false, clear = false;
-    std::string cache, table_json;
-    app.add_flag("--autotune", force, "time every configuration again, even if the cache has a choice");
-    app.add_option("--cache", cache, "the cache file (default " + fa::step6::default_cache_path() + ")");
-    app.add_flag("--clear-cache", clear, "delete the cache file, then continue (or stop, if nothing else to do)");
-    app.add_option("--table-json", table_json, "append this problem's table of every config's TFLOP/s to FILE");
-    CLI11_PARSE(app, argc, argv);
+    fa::check_command_line(app, o);
     const bool cache_given = !cache.empty();
     if (!cache_given) cache = fa::step6::default_cache_path();
     fa::step6::Autotuner tuner(cache);
@@ -77,8 +79,7 @@ int main(int argc, char** argv) {
       }
     }
     return fa::run_stage(s, fa::step1::oracle(), o);  // make() now reads the cache: nothing is timed twice
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "step6_autotune: error: %s\n", e.what());
-    return 2;
+  } catch (...) {
+    return fa::report_error("step6_autotune");
   }
 }

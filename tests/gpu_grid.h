@@ -131,7 +131,8 @@ inline void expect_pass(const CheckReport& r) {
     const ErrorStats& e = r.stage[k];
     EXPECT_TRUE(r.verdict[k].pass) << CheckReport::name(k) << ": max_abs " << e.max_abs << " > tolerance "
                                    << r.verdict[k].tolerance << " (naive low precision " << r.baseline[k].max_abs
-                                   << "), unwritten " << e.unwritten << ", inf mismatches " << e.mismatched_inf;
+                                   << "), unwritten " << e.unwritten << ", NaN computed " << e.nan << ", NaN in the reference "
+                                   << e.ref_nan << ", inf mismatches " << e.mismatched_inf;
   }
 }
 

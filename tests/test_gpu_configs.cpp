@@ -53,7 +53,8 @@ class GpuConfigs : public ::testing::TestWithParam<Param> {};
 
 TEST_P(GpuConfigs, MatchesReference) {
   const auto& [stage_config, c] = GetParam();
-  const Stage& s = find_stage(stage_config.substr(0, stage_config.find(':')));
+  const std::string stage_name = stage_config.substr(0, stage_config.find(':'));
+  const Stage& s = find_stage(stage_name);
   const Problem p = to_problem(c, s.has_backward);
   const Stage* stage = nullptr;
   std::string config;

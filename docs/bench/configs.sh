@@ -15,7 +15,7 @@ exe=$build/$stage/$stage
 [ -x "$exe" ] || { echo "configs.sh: $exe not found (build first)" >&2; exit 2; }
 for d in 64 128; do
   for causal in "" --causal; do
-    for v in $("$exe" --list-variants); do
+    for v in $("$exe" --list-variants | sed -n 's/^  //p'); do  # the names, without the group labels
       if ! msg=$("$exe" --check --batch 1 --heads 4 --kv-heads 2 --seq 300 --dim "$d" $causal --variant "$v" "$@" 2>&1); then
         echo "skip d=$d $causal $v: $(echo "$msg" | grep -m1 -E 'FAIL|error' || echo "$msg" | tail -n 1)"
         continue

@@ -5,11 +5,14 @@
 
 Starts from BASE's records and, file by file, adds each RUN's records (only its MODE ones, fwd or bwd,
 when given), a record replacing any earlier one with the same (name, variant, d, N, causal, mode), as
-sweep.py --append does. Merge whole comparisons: a stage and the peers it is compared with should come
-from the same run (docs/conventions.md); the note says which run each part came from.
+sweep.py --append does. Each added record keeps its run as `run`: "DATE build GIT", which plot.py prints
+under the figure (records without one are BASE's own run). Every RUN must come from BASE's GPU. Merge
+whole comparisons: a stage and the peers it is compared with should come from the same run
+(docs/conventions.md); the note says which run each part came from.
 """
 import argparse
 import json
+import sys
 
 
 def key(r):
@@ -30,9 +33,12 @@ def main():
         path, _, mode = spec.partition(":")
         with open(path) as f:
             run = json.load(f)
+        if run["gpu"] != result["gpu"]:
+            sys.exit(f"merge.py: {path} was measured on {run['gpu']}, {a.base} on {result['gpu']}")
+        build = run.get("build_git") or run.get("git")
         for r in run["records"]:
             if not mode or r["mode"] == mode:
-                records[key(r)] = dict(r, run=run.get("build_git") or run.get("git"))
+                records[key(r)] = dict(r, run=f"{run['date']} build {build}")
     result["records"] = list(records.values())
     if a.note:
         result["note"] = a.note

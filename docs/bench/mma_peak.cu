@@ -10,6 +10,8 @@
 // the median of several timed launches.
 //
 //   mma_peak [--iters N] [--reps R] [--json FILE]
+//
+// Without a usable GPU it stops at once with one line saying why, and exit code 2 (as for any error).
 #include <cuda_bf16.h>
 
 #include <CLI/CLI.hpp>
@@ -17,9 +19,11 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "gpu/cuda_util.h"
+#include "gpu/platform.h"
 #include "gpu/ptx.h"
 
 namespace {
@@ -57,6 +61,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--json", json_file, "append one JSON record to FILE");
   CLI11_PARSE(app, argc, argv);
+  if (const std::string why = fa::cuda_platform().unavailable_reason(); !why.empty()) {
+    std::fprintf(stderr, "mma_peak: %s\n", why.c_str());
+    return 2;
+  }
   try {
     int dev = 0, sms = 0, per_sm = 0;
     CUDA_CHECK(cudaGetDevice(&dev));

@@ -7,19 +7,24 @@
                                                   <!-- results:begin --> and <!-- results:end -->
 
 Each figure has four panels (d = 64, 128 x non-causal, causal) of TFLOP/s against the sequence length:
-one solid line per stage (and variant), a dashed line per PyTorch peer, and a dashed grey line for the
-measured mma.sync ceiling. Numbers in tables and README are generated from the JSON, never typed.
+one solid line per stage (a second variant keeps the colour, with its own line), a dashed line per
+PyTorch peer, and a dashed red line for the measured mma.sync ceiling, in the colours of palette.py,
+which every plot of the course shares. When the values span more than a factor of 10 (step 3 beside
+step 4) the TFLOP/s axis is logarithmic, and says so. Under the legend, one line per run that gave the
+figure's records: its build, its date and what it measured. Numbers in tables and README are generated
+from the JSON, never typed.
 """
 import argparse
-import itertools
 import json
 import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import palette  # noqa: E402  (docs/bench/palette.py: the course's colours)
+
 MODES = {"fwd": "forward", "bwd": "backward"}
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-PEER_LABELS = {"torch_sdpa_flash": "PyTorch SDPA (flash)", "torch_sdpa_cudnn": "PyTorch SDPA (cuDNN)"}
 
 
 def load(path):
@@ -32,8 +37,23 @@ def panels(data):
     return sorted({(r["d"], r["causal"]) for r in data["records"]})
 
 
+def run_of(data, r):
+    """(build, date) of the run a record came from: the `run` merge.py gave it ("DATE build GIT", or an
+    older merge's bare "GIT", whose date was not kept), else the file's own build and date."""
+    run = r.get("run")
+    if not run:
+        return data.get("build_git") or data["git"], data["date"]
+    m = re.fullmatch(r"(.+) build (\S+)", run)
+    return (m[2], m[1]) if m else (run, None)
+
+
 def series(data, mode):
-    """{label: {(d, causal): {N: tflops or None}}} for one mode: stages in tutorial order, then peers."""
+    """{(label, kind): {(d, causal): {N: tflops or None}}} for one mode: stages in tutorial order, then peers."""
+    return {(lab, s["kind"]): s["points"] for lab, s in series_info(data, mode).items()}
+
+
+def series_info(data, mode):
+    """{label: {kind, name, variant, points: {(d, causal): {N: tflops}}, runs: {(build, date): {N}}}}."""
     recs = [r for r in data["records"] if r["mode"] == mode]
     variants = {}
     for r in recs:
@@ -41,15 +61,20 @@ def series(data, mode):
 
     def label(r):
         if r["kind"] == "peer":
-            return PEER_LABELS.get(r["name"], r["name"])
+            return palette.peer_label(r["name"])
         return r["name"] + (f" ({r['variant']})" if len(variants[r["name"]]) > 1 or "against" in r else "")
 
     out = {}
+
+    def add(lab, r, variant, tflops):
+        s = out.setdefault(lab, dict(kind=r["kind"], name=r["name"], variant=variant, points={}, runs={}))
+        s["points"].setdefault((r["d"], r["causal"]), {})[r["N"]] = tflops
+        s["runs"].setdefault(run_of(data, r), set()).add(r["N"])
+
     for r in sorted(recs, key=lambda r: (r["kind"] == "peer", r["name"], r["variant"])):
-        out.setdefault((label(r), r["kind"]), {}).setdefault((r["d"], r["causal"]), {})[r["N"]] = r["tflops"]
+        add(label(r), r, r["variant"], r["tflops"])
         if r.get("against_ms") and r["ms"]:  # the --bench-against variant, timed in the same rounds
-            against = (f"{r['name']} ({r['against']})", r["kind"])
-            out.setdefault(against, {}).setdefault((r["d"], r["causal"]), {})[r["N"]] = r["tflops"] * r["ms"] / r["against_ms"]
+            add(f"{r['name']} ({r['against']})", r, r["against"], r["tflops"] * r["ms"] / r["against_ms"])
     return out
 
 
@@ -96,18 +121,51 @@ def seq_label(n):
 
 # ---- figures ------------------------------------------------------------------------------------
 
-def line_styles(data, colors):
-    """One style per series, the same in the forward and backward figures: stages solid, peers dashed."""
-    stage_colors = itertools.cycle(colors)
-    peer_styles = itertools.cycle([("black", "s"), ("dimgray", "^"), ("saddlebrown", "D")])
-    styles = {}
-    for lab, kind in {k: None for mode in MODES for k in series(data, mode)}:
-        if kind == "peer":
-            color, marker = next(peer_styles)
-            styles[lab] = dict(color=color, marker=marker, linestyle="--", markerfacecolor="none")
+def legend_entry(s, mode):
+    """(label, style) of a series in the figures: the palette's colour of its stage or peer. Step 6's
+    `default` variant runs another stage's kernels untuned, so it is drawn and named as that stage."""
+    owner = palette.DEFAULT_CONFIGURATION_OF.get((s["name"], mode))
+    if s["kind"] == "stage" and owner and s["variant"] == "default":  # wide and pale: visible under the tuned line
+        return f"{owner} (default configuration)", dict(palette.line_style("stage", owner), linewidth=5, alpha=0.45)
+    return None, palette.line_style(s["kind"], s["name"], s["variant"])
+
+
+def seq_range(ns, seqs):
+    """"N = 512-2k" for a run of consecutive sweep lengths, "N = 512, 4k" otherwise."""
+    idx = sorted(seqs.index(n) for n in ns)
+    if idx == list(range(idx[0], idx[-1] + 1)) and len(idx) > 2:
+        return f"N = {seq_label(seqs[idx[0]])}-{seq_label(seqs[idx[-1]])}"
+    return "N = " + ", ".join(seq_label(seqs[i]) for i in idx)
+
+
+def run_lines(info, labels, seqs):
+    """One line per run of the figure: its build and date, and the series (and sequence lengths) it gave."""
+    runs = {}
+    for lab, s in info.items():
+        for run, ns in s["runs"].items():
+            runs.setdefault(run, {})[labels[lab]] = frozenset(ns)
+    lines = []
+    for build, date in sorted(runs, key=lambda run: (run[1] is None, run[1] or "", run[0])):  # undated last
+        given = runs[(build, date)]
+        head = f"build {build} ({date or 'date not recorded'})"
+        if len(set(given.values())) == 1:  # every series of the run at the same lengths: say them once
+            ns = next(iter(given.values()))
+            lines.append(head + ("" if ns == set(seqs) else f", {seq_range(ns, seqs)}") + ": " + ", ".join(given))
         else:
-            styles[lab] = dict(color=next(stage_colors), marker="o", linestyle="-")
-    return styles
+            lines.append(head + ": " + ", ".join(l + ("" if ns == set(seqs) else f" at {seq_range(ns, seqs)}")
+                                                   for l, ns in given.items()))
+    return lines
+
+
+def tflops_values(info):
+    return [v for s in info.values() for pts in s["points"].values() for v in pts.values() if v]
+
+
+def use_log_scale(info):
+    """A log axis when the figure's values span more than a factor of 10 (step 3 beside step 4): on a
+    linear axis the slow stage would be a flat line on the floor."""
+    values = tflops_values(info)
+    return bool(values) and max(values) > 10 * min(values)
 
 
 def plot(data, mode, path):
@@ -118,45 +176,65 @@ def plot(data, mode, path):
                  "/usr/bin/python3 (apt-get install python3-matplotlib), or use --table, which needs none")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     grid = panels(data)
     ds, causals = sorted({d for d, _ in grid}), sorted({c for _, c in grid})
-    fig, axes = plt.subplots(len(ds), len(causals), figsize=(6.2 * len(causals), 4.4 * len(ds)),
-                             squeeze=False, sharex=True)
     seqs = sorted({r["N"] for r in data["records"]})
     peak = data.get("mma_peak_tflops")
-    styles = line_styles(data, plt.get_cmap("tab10").colors)
-    for (lab, _), by_panel in series(data, mode).items():
-        for (d, causal), pts in by_panel.items():
+    info = series_info(data, mode)
+    log = use_log_scale(info)
+    labels = {lab: legend_entry(s, mode)[0] or lab for lab, s in info.items()}
+    values = tflops_values(info) + ([peak] if peak else [])
+
+    fig, axes = plt.subplots(len(ds), len(causals), figsize=(6.2 * len(causals), 4.4 * len(ds)),
+                             squeeze=False, sharex=True, sharey=log)
+    for i, (lab, s) in enumerate(info.items()):
+        for (d, causal), pts in s["points"].items():
             ax = axes[ds.index(d)][causals.index(causal)]
             xs = [n for n in sorted(pts) if pts[n]]
-            ax.plot(xs, [pts[n] for n in xs], label=lab, linewidth=1.6, markersize=5, **styles[lab])
+            style = dict(linewidth=1.6, markersize=5, zorder=3 - i / len(info))  # the first series on top
+            ax.plot(xs, [pts[n] for n in xs], label=labels[lab], **dict(style, **legend_entry(s, mode)[1]))
     for row, d in enumerate(ds):
         for col, causal in enumerate(causals):
             ax = axes[row][col]
             if peak:
-                ax.axhline(peak, color="firebrick", linestyle="--", linewidth=1.2,
-                           label=f"mma.sync bf16 peak ({peak:.0f})")
+                ax.axhline(peak, color=palette.CEILING_COLOR, linestyle="--", linewidth=1.2,
+                           label=f"mma.sync bf16 ceiling ({peak:.0f})")
             ax.set_xscale("log", base=2)
             ax.set_xticks(seqs, [seq_label(n) for n in seqs])
             ax.minorticks_off()
-            ax.set_ylim(bottom=0)
+            if log:  # decades with 2 and 5 between them, written as plain numbers
+                ax.set_yscale("log")
+                ax.set_ylim(min(values) / 1.6, max(values) * 1.6)
+                ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_locator(NullLocator())
+            else:
+                ax.set_ylim(0, max(values) * 1.08)
             ax.grid(True, alpha=0.3)
             ax.set_title(panel_title(d, causal))
             if row == len(ds) - 1:
                 ax.set_xlabel(f"sequence length N (B*N = {data['tokens']}, Hq*d = {data['width']})")
-            ax.set_ylabel("TFLOP/s")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes.flat:  # a series may be missing from the first panel: collect every label once
+            ax.set_ylabel("TFLOP/s, log scale" if log else "TFLOP/s")
+    handles, names = [], []
+    for ax in axes.flat:  # a series may be missing from a panel: collect every label once
         for h, l in zip(*ax.get_legend_handles_labels()):
-            if l not in labels:
+            if l not in names:
                 handles.append(h)
-                labels.append(l)
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), frameon=False)
-    runs = sorted({r["run"] for r in data["records"] if r["mode"] == mode and r.get("run")})
-    when = f"runs at git {', '.join(runs)} (merged)" if runs else f"{data['date']} (git {data['git']})"
-    fig.suptitle(f"{data['gpu']}: {MODES[mode]} pass, {data['dtype']} - {when}")
-    fig.tight_layout(rect=(0, 0.04 + 0.03 * ((len(labels) - 1) // 4), 1, 1))
+                names.append(l)
+    ncol = min(3, len(names))
+    runs = run_lines(info, labels, seqs)
+    legend_rows = (len(names) + ncol - 1) // ncol
+    # Bottom to top: the runs, one line each, then the legend.
+    run_h, leg_h = 0.022, 0.03
+    fig.text(0.01, 0.008, "\n".join(["Runs, all on " + data["gpu"] + ":"] + runs), fontsize=8,
+             va="bottom", ha="left", linespacing=1.5)
+    legend_y = 0.012 + run_h * (len(runs) + 1)
+    fig.legend(handles, names, loc="lower center", bbox_to_anchor=(0.5, legend_y), ncol=ncol, frameon=False)
+    fig.suptitle(f"{data['gpu']}: {MODES[mode]} pass, {data['dtype']}, TFLOP/s"
+                 + (" on a log scale (every stage visible)" if log else ""))
+    fig.tight_layout(rect=(0, legend_y + leg_h * legend_rows, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

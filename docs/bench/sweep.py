@@ -14,6 +14,9 @@ docs/bench/plot.py turns into plots and tables. The core needs only the Python s
     python3 docs/bench/sweep.py --stages step6_autotune --against default --no-peers
                                   # tuned vs default, timed in alternating rounds inside every point
 
+Without a usable GPU (asked of the build's flashattention_tour --gpu-status before the first point), it
+stops at once with one line saying why, and exit code 1.
+
 FLOPs (docs/conventions.md): forward 4*B*Hq*N*N*d, halved when causal; backward 2.5x the forward.
 """
 import argparse
@@ -61,6 +64,16 @@ def last_error_line(text):
 
 
 # ---- the stage executables ----------------------------------------------------------------------
+
+def require_gpu(build):
+    """Stops with the reason when the GPU stages cannot run here, instead of failing every point."""
+    tour = os.path.join(build, "flashattention_tour")
+    if not os.path.exists(tour):
+        return  # nothing to ask: each point reports its own error
+    r = subprocess.run([tour, "--gpu-status"], capture_output=True, text=True, timeout=60)
+    if r.returncode == 1:  # 0: usable; 1: not, and why
+        sys.exit(f"sweep.py: cannot time the GPU stages: {r.stdout.strip()}")
+
 
 def stage_exe(build, name):
     return os.path.join(build, name, name)
@@ -254,6 +267,8 @@ def main():
     seqs = a.seqs or (QUICK_SEQS if a.quick else SEQS)
     points = [s for s in shapes(seqs) if s["d"] in a.dims]
 
+    if a.stages != []:  # stages to time (--stages with no name: the peers only)
+        require_gpu(build)
     impls = []  # (name, variant, exe, backward)
     specs = a.stages if a.stages is not None else [n for n in GPU_STAGES if os.path.exists(stage_exe(build, n))]
     for spec in specs:

@@ -1,0 +1,55 @@
+"""FlashAttention, step by step — docs/bench/palette.py: one colour per stage and per peer, in every plot.
+
+plot.py (the sweeps) and plot_ablation.py (step 6's ablation) both take their colours from here, so a
+colour means the same thing in every figure of the course: step 4 is orange in the forward sweep, in
+step 6's tuned-against-default plot and in the ablation's bars. Stages are solid lines with filled
+markers; a stage's second variant keeps its colour and changes the line; peers are dashed with hollow
+markers; the measured mma.sync ceiling is the one red line.
+"""
+
+# tab10's colours, one per stage, in the order of the course. Red is left out: it is the ceiling's.
+STAGE_COLORS = {
+    "step1_cpu_reference": "#8c564b",    # brown
+    "step2_online_softmax": "#bcbd22",   # olive
+    "step3_naive_kernel": "#1f77b4",     # blue
+    "step4_fused_pipelined": "#ff7f0e",  # orange
+    "step5_backward": "#2ca02c",         # green
+    "step6_autotune": "#9467bd",         # purple
+}
+OTHER_STAGE_COLOR = "#17becf"            # cyan: a stage this table does not know yet
+
+# The PyTorch peers of the sweep: (legend label, colour, marker).
+PEERS = {
+    "torch_sdpa_flash": ("PyTorch SDPA (flash)", "#7f7f7f", "^"),
+    "torch_sdpa_cudnn": ("PyTorch SDPA (cuDNN)", "black", "s"),
+}
+
+CEILING_COLOR = "firebrick"
+
+# A variant that is not its stage's default keeps the stage's colour and gets its own line and marker.
+VARIANT_LINES = {
+    "atomic": dict(linestyle="-.", marker="D"),
+}
+
+# Step 6 runs step 4's forward and step 5's backward kernels; its "default" variant is those stages in
+# their untuned default configuration, so it is drawn in their colour.
+DEFAULT_CONFIGURATION_OF = {
+    ("step6_autotune", "fwd"): "step4_fused_pipelined",
+    ("step6_autotune", "bwd"): "step5_backward",
+}
+
+
+def stage_color(name):
+    return STAGE_COLORS.get(name, OTHER_STAGE_COLOR)
+
+
+def peer_label(name):
+    return PEERS[name][0] if name in PEERS else name
+
+
+def line_style(kind, name, variant=""):
+    """matplotlib keyword arguments for one series of a sweep plot."""
+    if kind == "peer":
+        _, color, marker = PEERS.get(name, (name, "dimgray", "v"))
+        return dict(color=color, marker=marker, linestyle="--", markerfacecolor="none")
+    return dict(color=stage_color(name), **VARIANT_LINES.get(variant, dict(linestyle="-", marker="o")))

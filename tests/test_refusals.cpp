@@ -1,0 +1,416 @@
+// FlashAttention, step by step — tests of the refusals: every kind of bad input a stage executable turns
+// away before running anything (exit code 2, one line naming the problem, no file written), the check's
+// strictness about NaN and unwritten elements, and what a run that is not refused says it did.
+// Step 1's main runs in-process; step 2's own flags (--trace, --footprint, --tile, --budget and the
+// all-variants table) belong to its executable, which runs as a child process.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <new>
+
+#include "core/dtype.h"
+#include "core/npy.h"
+#include "core/parallel.h"
+#include "core/random.h"
+#include "harness/cli.h"
+#include "harness/registry.h"
+#include "step2_online_softmax/online.h"
+
+namespace fa {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh, empty directory per test.
+fs::path temp_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("fa_refusal_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// What a stage's main() returned and printed.
+struct CliResult {
+  int rc;
+  std::string out, err;
+};
+
+// Runs `s`'s main() in-process with `args` (as its executable would), capturing what it prints; as
+// run_stage_main in test_io_cli.cpp, for any Stage.
+CliResult run_main(const Stage& s, std::vector<std::string> args) {
+  args.insert(args.begin(), s.name);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
+  const int rc = stage_main(s, reference_oracle(), int(argv.size()), argv.data());
+  std::string out = ::testing::internal::GetCapturedStdout();
+  return {rc, std::move(out), ::testing::internal::GetCapturedStderr()};
+}
+
+CliResult run_stage_main(const std::string& name, std::vector<std::string> args) {
+  return run_main(find_stage(name), std::move(args));
+}
+
+// Step 2's executable, built beside this test binary (build/tests/fa_tests, build/step2_online_softmax/...).
+fs::path step2_executable() {
+  return fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "step2_online_softmax" /
+         "step2_online_softmax";
+}
+
+std::string shell_quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs step 2's executable with `args` in a child process: its exit code, stdout and stderr.
+CliResult run_step2(const std::vector<std::string>& args) {
+  const fs::path err_file = temp_dir("step2_stderr") / "stderr.txt";
+  std::string cmd = shell_quoted(step2_executable().string());
+  for (const std::string& a : args) cmd += " " + shell_quoted(a);
+  cmd += " 2>" + shell_quoted(err_file.string());
+  CliResult r{-1, "", ""};
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) r.out.append(buf, n);
+  const int status = pclose(pipe);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream f(err_file);
+  r.err.assign(std::istreambuf_iterator<char>(f), {});
+  return r;
+}
+
+#define REQUIRE_STEP2_EXECUTABLE()                                                              \
+  if (!fs::exists(step2_executable())) GTEST_SKIP() << step2_executable() << " is not built"
+
+// A refusal: exit code 2 and the message on stderr as one line; by default, before anything ran, so with
+// nothing on stdout.
+void expect_refused(const CliResult& r, const std::string& message, const std::string& what,
+                    bool before_the_run = true) {
+  EXPECT_EQ(r.rc, 2) << what << "\nstderr: " << r.err;
+  EXPECT_NE(r.err.find(message), std::string::npos) << what << "\nstderr was: " << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << what << "\nstderr: " << r.err;
+  if (before_the_run) {
+    EXPECT_EQ(r.out, "") << what;
+  }
+}
+
+struct Refusal {
+  std::vector<std::string> args;
+  std::string message;
+};
+
+// Each refusal also asks for a dump and a JSON record, and must leave neither behind.
+void expect_refused_without_files(const std::string& stage, const std::vector<Refusal>& cases) {
+  const fs::path dump = temp_dir("dump"), json_dir = temp_dir("json");
+  for (const Refusal& c : cases) {
+    std::vector<std::string> args = c.args;
+    for (const std::string& a : {std::string("--dump"), dump.string(), std::string("--json"),
+                                 (json_dir / "rec.jsonl").string()})
+      args.push_back(a);
+    std::string what;
+    for (const std::string& a : c.args) what += a + " ";
+    expect_refused(run_stage_main(stage, args), c.message, what);
+  }
+  EXPECT_TRUE(fs::is_empty(dump)) << "a refused run left files in " << dump;
+  EXPECT_TRUE(fs::is_empty(json_dir)) << "a refused run left a JSON record in " << json_dir;
+}
+
+// ---- flags ------------------------------------------------------------------------------------------
+
+TEST(Refusals, MalformedFlagValues) {
+  expect_refused_without_files(
+      "step1_cpu_reference",
+      {
+          {{"--seed", "-1"}, "--seed: must be a whole number from 0 to 18446744073709551615 (got -1)"},
+          {{"--seed", "18446744073709551616"}, "--seed: must be a whole number from 0 to 18446744073709551615"},
+          {{"--seed", "12abc"}, "--seed: must be a whole number"},
+          {{"--scale", "inf"}, "scale must be a positive finite number (got inf)"},
+          {{"--scale", "nan"}, "scale must be a positive finite number"},
+          {{"--scale", "0"}, "scale must be a positive finite number (got 0)"},
+          {{"--scale", "-0.5"}, "scale must be a positive finite number (got -0.5)"},
+          {{"--seq", "abc"}, "Could not convert: --seq = abc"},
+          {{"--dtype", "fp8"}, "--dtype: fp8 not in {bf16,fp16,fp32}"},
+          {{"--no-such-flag"}, "--no-such-flag"},
+      });
+}
+
+TEST(Refusals, FlagsTheRunWouldIgnore) {
+  expect_refused_without_files(
+      "step1_cpu_reference",
+      {
+          {{"--seq", "8", "--input-pos", "2"}, "--input-pos places the causal mask: add --causal, or drop --input-pos"},
+          {{"--seq", "8", "--seq-q", "4", "--seq-k", "6"}, "beside both, it sets nothing; drop --seq"},
+          {{"--seq", "8", "--bench-against", "x"}, "--bench-against needs --bench"},
+          {{"--list-variants", "--seq", "5"}, "--list-variants prints the stage's names and runs nothing: drop --seq"},
+          {{"--seq", "8", "--variant", "nope"}, "step1_cpu_reference has no variant 'nope'"},
+      });
+}
+
+// --list-variants runs nothing, so nothing else may come with it; alone it answers.
+TEST(Refusals, ListVariantsComesAlone) {
+  const CliResult r = run_stage_main("step2_online_softmax", {"--list-variants", "--check"});
+  expect_refused(r, "--list-variants prints the stage's names and runs nothing: drop --check", "--check");
+  EXPECT_EQ(run_stage_main("step2_online_softmax", {"--list-variants"}).rc, 0);
+}
+
+TEST(Refusals, UnwritableOutputsAreRefusedBeforeTheRun) {
+  const fs::path d = temp_dir("unwritable");
+  CliResult r = run_stage_main("step1_cpu_reference", {"--seq", "8", "--json", "/nonexistent/dir/rec.jsonl"});
+  expect_refused(r, "--json: the directory /nonexistent/dir of /nonexistent/dir/rec.jsonl does not exist", "--json");
+  r = run_stage_main("step1_cpu_reference", {"--seq", "8", "--json", d.string()});
+  expect_refused(r, "is a directory, not a file", "--json DIR");
+  r = run_stage_main("step1_cpu_reference", {"--seq", "8", "--dump", (d / "missing").string()});
+  expect_refused(r, "is not an existing directory", "--dump");
+  EXPECT_TRUE(fs::is_empty(d));
+}
+
+// ---- --inputs -----------------------------------------------------------------------------------
+
+// q [1, 4, 20, 8], k and v [1, 2, 9, 8], dO like q: finite values unless a test plants one.
+struct InputFiles {
+  Tensor q{{1, 4, 20, 8}, 0.5f}, k{{1, 2, 9, 8}, 0.25f}, v{{1, 2, 9, 8}, 1.0f}, dout{{1, 4, 20, 8}, 0.1f};
+  void write(const fs::path& dir) const {
+    write_npy((dir / "q.npy").string(), q);
+    write_npy((dir / "k.npy").string(), k);
+    write_npy((dir / "v.npy").string(), v);
+    write_npy((dir / "do.npy").string(), dout);
+  }
+};
+
+// The flat index of element [b, h, i, c] of a [B, H, N, d] tensor.
+size_t at(const Tensor& t, int64_t b, int64_t h, int64_t i, int64_t c) {
+  return size_t(((b * t.shape[1] + h) * t.shape[2] + i) * t.shape[3] + c);
+}
+
+TEST(Refusals, NonFiniteInputsNameTheFileAndTheElement) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    const char* name;
+    float value;
+    std::vector<std::string> extra;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"q", nan, {}, "q.npy: element [0, 3, 17, 5] is NaN"},
+      {"k", inf, {}, "k.npy: element [0, 1, 7, 2] is inf"},
+      {"v", -inf, {}, "v.npy: element [0, 1, 7, 2] is -inf"},
+      {"do", nan, {"--backward"}, "do.npy: element [0, 3, 17, 5] is NaN"},
+      {"v", 70000.0f, {"--dtype", "fp16"}, "v.npy: element [0, 1, 7, 2] = 70000 is beyond fp16's range"},
+  };
+  for (const Case& c : cases) {
+    const fs::path in = temp_dir("nonfinite");
+    InputFiles files;
+    Tensor& t = std::string(c.name) == "q" ? files.q : std::string(c.name) == "k" ? files.k
+                : std::string(c.name) == "v" ? files.v : files.dout;
+    t.data[t.shape[1] == 4 ? at(t, 0, 3, 17, 5) : at(t, 0, 1, 7, 2)] = c.value;
+    files.write(in);
+    std::vector<std::string> args = {"--inputs", in.string()};
+    args.insert(args.end(), c.extra.begin(), c.extra.end());
+    expect_refused_without_files("step1_cpu_reference", {{args, c.message}});
+  }
+}
+
+TEST(Refusals, ShapeFlagsBesideInputs) {
+  const fs::path in = temp_dir("shape_flags");
+  InputFiles().write(in);
+  expect_refused_without_files(
+      "step1_cpu_reference",
+      {
+          {{"--inputs", in.string(), "--seq", "5", "--heads", "2"},
+           "the shape comes from the files in --inputs: drop --heads, --seq"},
+          {{"--inputs", in.string(), "--dim", "4"}, "the shape comes from the files in --inputs: drop --dim"},
+          {{"--inputs", in.string(), "--seed", "3"}, "with --inputs and no --dropout it has nothing to seed"},
+      });
+  // The same files with nothing beside them run.
+  EXPECT_EQ(run_stage_main("step1_cpu_reference", {"--inputs", in.string()}).rc, 0);
+}
+
+// A header that promises more data than the file holds is refused before its size is allocated.
+TEST(Refusals, NpyHeaderPromisingTooMuchIsRefusedBeforeAllocating) {
+  const fs::path d = temp_dir("huge_header");
+  write_npy((d / "t.npy").string(), Tensor({4}));
+  std::ifstream f(d / "t.npy", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), {});
+  bytes.replace(bytes.find("(4,)"), 4, "(4000000000000,)");
+  std::ofstream(d / "t.npy", std::ios::binary) << bytes;
+  try {
+    read_npy((d / "t.npy").string());
+    FAIL() << "a header promising 4e12 floats was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("fewer than its shape"), std::string::npos) << e.what();
+  }
+}
+
+// ---- memory and exceptions ------------------------------------------------------------------------
+
+// Step 1 holds four [Nq, Nk] matrices per head: at Nq = Nk = 2e6 that is 64 TB, refused with the sizes.
+TEST(Refusals, ProblemsBeyondTheMachinesMemory) {
+  const std::vector<std::string> huge = {"--seq", "2000000", "--heads", "1", "--dim", "1"};
+  expect_refused_without_files("step1_cpu_reference", {{huge, "not enough memory for step1_cpu_reference on this "
+                                                               "problem: about "}});
+  const std::vector<std::string> checked = {"--seq", "200000", "--heads", "1", "--dim", "1", "--check"};
+  expect_refused_without_files("step1_cpu_reference", {{checked, "step 1's fp64 reference"}});
+  expect_refused_without_files("step2_online_softmax",
+                               {{{"--variant", "3pass", "--seq", "2000000", "--heads", "1", "--dim", "1"},
+                                 "not enough memory for step2_online_softmax --variant 3pass"}});
+}
+
+// Any exception out of a run becomes one line and exit code 2, a failed allocation in words.
+TEST(Refusals, ExceptionsFromARunBecomeOneLine) {
+  Stage s;
+  s.name = "fake_stage";
+  s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
+  s.make = [](const Problem&, const Inputs&, const std::string&) -> std::unique_ptr<Runner> {
+    throw std::bad_alloc();
+  };
+  expect_refused(run_main(s, {"--seq", "8"}), "fake_stage: error: out of memory", "bad_alloc", false);
+  s.make = [](const Problem&, const Inputs&, const std::string&) -> std::unique_ptr<Runner> { throw 42; };
+  expect_refused(run_main(s, {"--seq", "8"}), "fake_stage: error: an exception of unknown type", "throw 42", false);
+}
+
+// An exception inside the OpenMP loop reaches the caller (it would otherwise end the program).
+TEST(Refusals, ParallelLoopRethrowsTheFirstException) {
+  std::atomic<int> ran{0};
+  const auto body = [&](int64_t i, int64_t j) {
+    if (i == 2 && j == 3) throw std::bad_alloc();
+    ++ran;
+  };
+  EXPECT_THROW(parallel_for_2d(4, 5, body), std::bad_alloc);
+  EXPECT_LT(ran.load(), 20);
+}
+
+// ---- step 2's own flags ---------------------------------------------------------------------------
+
+TEST(Refusals, Step2FlagsItsModesWouldIgnore) {
+  REQUIRE_STEP2_EXECUTABLE();
+  const fs::path d = temp_dir("step2_files");
+  const std::string json = (d / "rec.jsonl").string();
+  const std::vector<Refusal> cases = {
+      {{"--tile", "0"}, "--tile: must be at least 1 (got 0)"},
+      {{"--tile", "-3"}, "--tile: must be a whole number from 1 to"},
+      {{"--budget", "0"}, "--budget: must be at least 1 (got 0)"},
+      {{"--trace", "--seq", "4", "--check", "--bench"}, "changed only by --seed: drop --seq, --check, --bench"},
+      {{"--trace", "--dim", "3"}, "drop --dim"},
+      {{"--trace", "--footprint"}, "drop --footprint"},
+      {{"--footprint", "--heads", "2", "--check"}, "--footprint prints a memory table of --seq, --seq-q, --seq-k, "
+                                                   "--dim, --tile and --budget: drop --heads, --check"},
+      {{"--seq", "16", "--dim", "4", "--bench-against", "3pass"}, "--bench-against needs --bench"},
+      {{"--seq", "16", "--dim", "4", "--bench", "--bench-against", "3pass"},
+       "--bench-against times one variant against another: add --variant"},
+      {{"--seq", "16", "--dim", "4", "--tuned"}, "step2_online_softmax has no configurations to tune (--tuned)"},
+      {{"--seq", "16", "--dim", "4", "--backward"}, "step2_online_softmax has no backward pass (--backward)"},
+      {{"--seq", "16", "--dim", "4", "--json", json}, "--dump and --json record one variant: add --variant"},
+      {{"--variant", "3pass", "--tile", "9", "--json", json, "--dump", d.string()},
+       "--tile sets the tiles of 2pass and online; --variant 3pass does not use it"},
+      {{"--variant", "online", "--budget", "99", "--json", json, "--dump", d.string()},
+       "--budget sets the blocks of fa1 and fa2; --variant online does not use it"},
+      {{"--seq", "16", "--dim", "4", "--seed", "-1"}, "--seed: must be a whole number"},
+      {{"--list-variants", "--tile", "4"}, "runs nothing: drop --tile"},
+  };
+  for (const Refusal& c : cases) {
+    std::string what;
+    for (const std::string& a : c.args) what += a + " ";
+    expect_refused(run_step2(c.args), c.message, what);
+  }
+  EXPECT_TRUE(fs::is_empty(d)) << "a refused run left files in " << d;
+}
+
+// Two decimals hide a small ratio ("0.00x"): below 0.1 the table gives two significant digits.
+TEST(Refusals, Step2FootprintShowsSmallRatios) {
+  REQUIRE_STEP2_EXECUTABLE();
+  const CliResult r = run_step2({"--footprint", "--seq", "16384", "--tile", "64"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("0.004x of 3pass"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("0.00x"), std::string::npos) << r.out;
+}
+
+// ---- the check: NaN, unwritten and non-finite references never pass ---------------------------------
+
+TEST(CheckStrictness, PoisonAndComputedNaNAreCountedApart) {
+  const float poison_fp32 = f32_from_bits(0xffffffffu);
+  const float poison_bf16 = bf16_bits_to_float(0xffff), poison_fp16 = fp16_bits_to_float(0xffff);
+  const float computed_nan = std::numeric_limits<float>::quiet_NaN();
+  for (float p : {poison_fp32, poison_bf16, poison_fp16}) EXPECT_TRUE(is_poison(p));
+  for (float x : {computed_nan, -computed_nan, f32_from_bits(0x7fffffffu), round_to(DType::bf16, computed_nan),
+                  round_to(DType::fp16, -computed_nan), 1.0f})
+    EXPECT_FALSE(is_poison(x)) << x;
+
+  Tensor got({6}, 1.0f);
+  got.data[0] = poison_fp32, got.data[1] = poison_bf16, got.data[2] = computed_nan;
+  const Tensor ref({6}, 1.0f);
+  const ErrorStats e = compare(got, ref);
+  EXPECT_EQ(e.unwritten, 2u);
+  EXPECT_EQ(e.nan, 1u);
+  EXPECT_EQ(e.ref_nan, 0u);
+  EXPECT_FALSE(tolerance_rule(e, compare(ref, ref)).pass);
+}
+
+TEST(CheckStrictness, ANonFiniteReferenceNeverPasses) {
+  Tensor ref({4}, 1.0f);
+  ref.data[3] = std::numeric_limits<float>::quiet_NaN();
+  const Tensor got({4}, 1.0f);
+  const ErrorStats e = compare(got, ref);
+  EXPECT_EQ(e.ref_nan, 1u);
+  EXPECT_EQ(e.max_abs, 0.0);
+  EXPECT_FALSE(tolerance_rule(e, e).pass);
+}
+
+// Past the CLI (which refuses such inputs), a NaN input gives step 2 a row of O = 0 and LSE = -inf while
+// the reference is NaN there: the check must fail, not call it a pass with rel_l2 = nan.
+TEST(CheckStrictness, Step2OnANaNInputFailsTheCheck) {
+  Problem p;
+  p.B = 1, p.Hq = p.Hkv = 1, p.Nq = 4, p.Nk = 6, p.d = 4, p.dtype = DType::fp32;
+  p.validate();
+  Inputs in = random_inputs(p);
+  in.q.data[5] = std::numeric_limits<float>::quiet_NaN();  // row 1
+  for (const std::string& v : step2::stage().variants) {
+    const CheckReport r = check_against_reference(p, in, step2::attention(p, in, v, step2::Config{}));
+    EXPECT_FALSE(r.pass) << v;
+    EXPECT_FALSE(r.verdict[0].pass) << v << ": O passed";
+    EXPECT_GT(r.stage[0].ref_nan + r.stage[0].nan, 0u) << v;
+  }
+}
+
+// ---- what a run says --------------------------------------------------------------------------------
+
+TEST(RunReport, ABareRunSaysWhatItComputed) {
+  const CliResult r = run_stage_main("step1_cpu_reference", {"--seq", "16", "--dim", "8", "--heads", "2"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("O    [1, 2, 16, 8]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("LSE  [1, 2, 16]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" sum "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("one run, not warmed up:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("add --check to compare with step 1 in fp64, --bench to time"), std::string::npos) << r.out;
+  // With --check the report says what the check found instead.
+  const CliResult checked = run_stage_main("step1_cpu_reference", {"--seq", "16", "--dim", "8", "--check"});
+  EXPECT_EQ(checked.out.find("add --check"), std::string::npos) << checked.out;
+}
+
+TEST(RunReport, ListVariantsLabelsItsTwoGroups) {
+  const CliResult r = run_stage_main("step2_online_softmax", {"--list-variants"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("variants (--variant NAME; the first is the default):\n  3pass\n", 0), 0u) << r.out;
+  // A stage with configurations lists them under their own label.
+  Stage s;
+  s.name = "fake_stage";
+  s.variants = {"a"};
+  s.tuning_variants = {"cfg1", "cfg2"};
+  const CliResult both = run_main(s, {"--list-variants"});
+  EXPECT_EQ(both.out,
+            "variants (--variant NAME; the first is the default):\n  a\n"
+            "configurations (--variant NAME; step 6 tunes over them):\n  cfg1\n  cfg2\n");
+}
+
+}  // namespace
+}  // namespace fa
