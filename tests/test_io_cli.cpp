@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/cli.h"
+#include "tests/cli_run.h"
 #include "harness/registry.h"
 #include "core/npy.h"
 
@@ -16,32 +17,7 @@ namespace fa {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh, empty directory per test.
-fs::path temp_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("fa_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-// What a stage's main() returned and printed.
-struct CliResult {
-  int rc;
-  std::string out, err;
-};
-
-// Runs stage `name`'s main() in-process with `args` (as its executable would), capturing what it prints.
-CliResult run_stage_main(const std::string& name, std::vector<std::string> args) {
-  args.insert(args.begin(), name);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStderr();
-  ::testing::internal::CaptureStdout();
-  const int rc = stage_main(find_stage(name), reference_oracle(), int(argv.size()), argv.data());
-  std::string out = ::testing::internal::GetCapturedStdout();
-  return {rc, std::move(out), ::testing::internal::GetCapturedStderr()};
-}
+using cli_test::CliResult, cli_test::run_stage_main, cli_test::temp_dir;
 
 // Step 1's main() with `args`: the exit code and what it printed to stderr.
 std::pair<int, std::string> run_cli(std::vector<std::string> args) {

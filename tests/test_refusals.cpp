@@ -21,6 +21,7 @@
 #include "core/parallel.h"
 #include "core/random.h"
 #include "harness/cli.h"
+#include "tests/cli_run.h"
 #include "harness/registry.h"
 #include "step2_online_softmax/online.h"
 
@@ -28,37 +29,7 @@ namespace fa {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh, empty directory per test.
-fs::path temp_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("fa_refusal_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-// What a stage's main() returned and printed.
-struct CliResult {
-  int rc;
-  std::string out, err;
-};
-
-// Runs `s`'s main() in-process with `args` (as its executable would), capturing what it prints; as
-// run_stage_main in test_io_cli.cpp, for any Stage.
-CliResult run_main(const Stage& s, std::vector<std::string> args) {
-  args.insert(args.begin(), s.name);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStderr();
-  ::testing::internal::CaptureStdout();
-  const int rc = stage_main(s, reference_oracle(), int(argv.size()), argv.data());
-  std::string out = ::testing::internal::GetCapturedStdout();
-  return {rc, std::move(out), ::testing::internal::GetCapturedStderr()};
-}
-
-CliResult run_stage_main(const std::string& name, std::vector<std::string> args) {
-  return run_main(find_stage(name), std::move(args));
-}
+using cli_test::CliResult, cli_test::run_main, cli_test::run_stage_main, cli_test::temp_dir;
 
 // Step 2's executable, built beside this test binary (build/tests/fa_tests, build/step2_online_softmax/...).
 fs::path step2_executable() {
