@@ -2,6 +2,7 @@
 //
 //   step2_online_softmax --check --bench       every variant on the problem, one line each
 //   step2_online_softmax --variant fa2 --check one variant, with the harness's full report (and --dump, --json)
+//   step2_online_softmax --backward --check    fa1 (q-outer) and fa2 (kv-outer) backward, dQ, dK, dV checked too
 //   step2_online_softmax --trace               the worked example N = 6, d = 2, M = 20, block by block
 //   step2_online_softmax --footprint           the intermediate memory of 3pass, 2pass and online
 // --tile sets the keys per tile of 2pass and online, --budget the on-chip floats M of fa1 and fa2. A flag
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <vector>
 
 #include "harness/cli.h"
 #include "step1_cpu_reference/reference.h"
@@ -28,37 +30,55 @@ std::string blocks_of(const std::string& v, const fa::step2::Config& cfg, int64_
   return "whole rows";
 }
 
-// Every variant on one set of inputs: check against step 1 and time, one line each.
+// Every variant on one set of inputs: check against step 1 and time, one line each. With --backward, the
+// variants that have a backward (fa1, fa2), with the errors of dQ, dK, dV and the backward's time too.
 int run_all(const fa::Stage& s, fa::CommonOptions& o, const fa::step2::Config& cfg) {
   if (!o.dump_dir.empty() || !o.json_file.empty())
     throw std::invalid_argument("--dump and --json record one variant: add --variant");
-  fa::check_common_flags(s, o);  // --bench-against needs --bench, no --backward, no --tuned, ...
+  fa::check_common_flags(s, o);  // --bench-against needs --bench, no --tuned, ...
   if (!o.bench_against.empty())
     throw std::invalid_argument("--bench-against times one variant against another: add --variant");
   const fa::Inputs in = fa::prepare_inputs(o);
   const fa::Problem& p = o.problem;
-  for (const std::string& v : s.variants) fa::require_memory_for(s, fa::step1::oracle(), p, v, o.check);
-  std::printf("%s: %s  (%.2f GFLOP)\n", s.name.c_str(), p.describe().c_str(), p.flops_forward() * 1e-9);
-  std::printf("%-8s %-20s %12s %12s %6s %11s %9s\n", "variant", "blocks", "max|O| err", "max|LSE| err", "check",
-              "time [ms]", "GFLOP/s");
+  std::vector<std::string> variants;
+  for (const std::string& v : s.variants)
+    if (s.unsupported(p, v).empty()) variants.push_back(v);
+  for (const std::string& v : variants) fa::require_memory_for(s, fa::step1::oracle(), p, v, o.check);
+  std::printf("%s: %s  (%.2f GFLOP%s)\n", s.name.c_str(), p.describe().c_str(), p.flops_forward() * 1e-9,
+              p.backward ? " forward" : "");
+  const int n = p.backward ? 5 : 2;  // O, LSE (, dQ, dK, dV)
+  std::printf("%-8s %-20s %12s %12s", "variant", "blocks", "max|O| err", "max|LSE| err");
+  if (p.backward) std::printf(" %-9s %12s %12s %12s", "backward", "max|dQ| err", "max|dK| err", "max|dV| err");
+  std::printf(" %6s %11s %9s%s\n", "check", "time [ms]", "GFLOP/s", p.backward ? "  bwd [ms]  GFLOP/s" : "");
   int failures = 0;
-  for (const std::string& v : s.variants) {
+  for (const std::string& v : variants) {
     std::printf("%-8s %-20s ", v.c_str(), blocks_of(v, cfg, p.d, p.Nk).c_str());
     std::fflush(stdout);
     auto runner = s.make(p, in, v);
     runner->run();
-    if (o.check) {
-      const fa::CheckReport r = fa::check_against(fa::step1::oracle(), p, in, runner->outputs());
-      std::printf("%12.3e %12.3e %6s ", r.stage[0].max_abs, r.stage[1].max_abs, r.pass ? "pass" : "FAIL");
-      failures += r.pass ? 0 : 1;
-    } else {
-      std::printf("%12s %12s %6s ", "-", "-", "-");
+    if (p.backward) runner->run_backward();
+    fa::CheckReport r;
+    if (o.check) r = fa::check_against(fa::step1::oracle(), p, in, runner->outputs());
+    for (int k = 0; k < n; ++k) {
+      if (k == 2) {
+        fa::step2::Order order = fa::step2::Order::kv_outer;
+        fa::step2::backward_order(v, order);
+        std::printf("%-9s ", fa::step2::order_name(order));
+      }
+      if (o.check) std::printf("%12.3e ", r.stage[k].max_abs);
+      else std::printf("%12s ", "-");
     }
+    std::printf("%6s ", o.check ? (r.pass ? "pass" : "FAIL") : "-");
+    failures += o.check && !r.pass ? 1 : 0;
     if (o.bench) {
-      const fa::Timing t = fa::time_runner(*runner, s, false);
-      std::printf("%11.3f %9.2f\n", t.fwd_ms, p.flops_forward() / (t.fwd_ms * 1e-3) * 1e-9);
+      const fa::Timing t = fa::time_runner(*runner, s, p.backward);
+      std::printf("%11.3f %9.2f", t.fwd_ms, p.flops_forward() / (t.fwd_ms * 1e-3) * 1e-9);
+      if (p.backward) std::printf(" %9.3f %8.2f", t.bwd_ms, p.flops_backward() / (t.bwd_ms * 1e-3) * 1e-9);
+      std::printf("\n");
     } else {
-      std::printf("%11s %9s\n", "-", "-");
+      std::printf("%11s %9s", "-", "-");
+      if (p.backward) std::printf(" %9s %8s", "-", "-");
+      std::printf("\n");
     }
   }
   if (o.check)

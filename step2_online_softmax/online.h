@@ -19,10 +19,16 @@
 //   Bc = ceil(M / 4d),  Br = min(Bc, d).
 // The merge of two partial states (split-KV, "flash-decoding") is attention_split_kv.
 //
+// The backward (backward.cpp), tiled with the same Br, Bc, recomputes P_ij = exp(S_ij - LSE_i) from the
+// forward's LSE instead of storing P, with D_i = rowsum(dO_i * O_i), in one of two loop orders:
+//   kv-outer  FlashAttention-2's backward (Algorithm 2 of Dao 2023): outer loop over K/V blocks, dK_j and
+//             dV_j held for the block, dQ_i accumulated across K/V blocks            (--variant fa2)
+//   q-outer   outer loop over Q blocks, dQ_i held, dK and dV accumulated across Q blocks (--variant fa1)
+//
 // Everything is computed in float, as step 1's CpuRunner does; the harness checks against step 1 in fp64.
 // Semantics (mask, GQA, dropout, fully masked rows): ../docs/conventions.md.
-// Limits: forward only; one head per OpenMP task; "HBM" and "on chip" are ordinary CPU memory here —
-// the loop orders and the data each loop keeps are what is being taught, not the speed.
+// Limits: the backward only for fa1 and fa2; one head (one KV head in the backward) per OpenMP task;
+// "HBM" and "on chip" are ordinary CPU memory here — the loop orders and the data each loop keeps are what is being taught, not the speed.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -47,6 +53,11 @@ struct Head {
   float scale = 1.0f;
   DropoutParams drop;     // threshold 0: no dropout
   uint32_t b = 0, h = 0;  // coordinates of the dropout mask (query head h)
+  // The backward's tensors, null in a forward run: dO and dQ of query head h, dK and dV of its KV head.
+  const float* dout = nullptr;  // [Nq, d]
+  float* dq = nullptr;          // [Nq, d]
+  float* dk = nullptr;          // [Nk, d]  shared by the g query heads of the KV head (GQA)
+  float* dv = nullptr;          // [Nk, d]
 
   // Dropout weight of element (i, j): 0 or 1 / (1 - p). Applied after normalisation, so l and LSE
   // are those of the undropped scores.
@@ -55,7 +66,8 @@ struct Head {
   }
 };
 
-// The view of head (b, h) of a problem: Q, O and LSE of query head h, K and V of its KV head.
+// The view of head (b, h) of a problem: Q, O and LSE of query head h, K and V of its KV head; with
+// in.dout and out.dq, dk, dv allocated, also dO, dQ of query head h and dK, dV of its KV head.
 Head head_of(const Problem& p, const Inputs& in, Outputs& out, int64_t b, int64_t h);
 
 // The five algorithms. Each writes hd.o and hd.lse.
@@ -96,12 +108,29 @@ void merge(Partial& a, const Partial& b);
 // the partial states merged at the end (in any order: the merge is associative and commutative).
 void attention_split_kv(const Head& hd, int64_t splits, int64_t tile);
 
+// The backward of one KV head. `group` holds its g = Hq / Hkv query heads (GQA), each with O and LSE of
+// its forward and dO; both orders write dQ of every head and dK, dV of the KV head, summed over the group.
+//   P_ij  = exp(S_ij - LSE_i)                    (0 where masked, and in a row with LSE_i = -inf)
+//   Pd_ij = P_ij * Z_ij / (1 - p)                the dropout mask of the forward
+//   dV_j += Pd_ij^T dO_i       dPd_ij = dO_i V_j^T       dP_ij = dPd_ij * Z_ij / (1 - p)
+//   dS_ij = P_ij * (dP_ij - D_i)   dQ_i += scale dS_ij K_j   dK_j += scale dS_ij^T Q_i
+enum class Order { kv_outer, q_outer };
+void backward_kv_outer(const std::vector<Head>& group, Blocks bl);
+void backward_q_outer(const std::vector<Head>& group, Blocks bl);
+// "kv-outer" or "q-outer"
+const char* order_name(Order o);
+
 // The whole problem, every (b, h) in parallel: O [B, Hq, Nq, d], LSE [B, Hq, Nq].
 struct Config {
   int64_t tile = 256;     // keys per tile of 2pass and online
   int64_t budget = 16384; // M: on-chip floats of fa1 and fa2 (64 KB)
 };
 Outputs attention(const Problem& p, const Inputs& in, const std::string& variant, const Config& cfg);
+// The backward of the whole problem, every (b, KV head) in parallel, from out.o and out.lse of a forward
+// run: allocates and fills out.dq [B, Hq, Nq, d], out.dk and out.dv [B, Hkv, Nk, d].
+void backward(const Problem& p, const Inputs& in, Order order, Blocks bl, Outputs& out);
+// The order --backward runs for `variant`: fa1 q-outer, fa2 kv-outer; false for the untiled variants.
+bool backward_order(const std::string& variant, Order& order);
 // Bytes of host memory a run of `variant` allocates: the buffers of the heads in flight at once (one per
 // thread) and the outputs. 3pass and 2pass hold [Nq, Nk] per head; the tiled variants a few tiles.
 double memory_needed(const Problem& p, const std::string& variant, const Config& cfg);

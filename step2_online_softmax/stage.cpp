@@ -1,13 +1,14 @@
 // FlashAttention, step by step — step 2: the whole problem, the registry entry and the footprint table
 // (step2_online_softmax/stage.cpp)
 //
-// attention() runs one variant on every (batch, query head) pair, in parallel over heads; the Runner wraps
-// it for the harness. footprint_table() counts the buffers each variant of passes.cpp allocates.
+// attention() runs one variant on every (batch, query head) pair, in parallel over heads, backward() the
+// backward on every (batch, KV head) pair; the Runner wraps them for the harness. footprint_table() counts the buffers each variant of passes.cpp allocates.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <stdexcept>
 
+#include "core/host_memory.h"
 #include "core/parallel.h"
 #include "tiles.h"
 
@@ -30,6 +31,12 @@ Head head_of(const Problem& p, const Inputs& in, Outputs& out, int64_t b, int64_
   hd.drop = make_dropout(p.dropout, p.seed);
   hd.b = uint32_t(b);
   hd.h = uint32_t(h);
+  if (!in.dout.data.empty() && !out.dq.data.empty()) {
+    hd.dout = in.dout.ptr() + qh * p.Nq * p.d;
+    hd.dq = out.dq.ptr() + qh * p.Nq * p.d;
+    hd.dk = out.dk.ptr() + kv;
+    hd.dv = out.dv.ptr() + kv;
+  }
   return hd;
 }
 
@@ -50,6 +57,26 @@ Outputs attention(const Problem& p, const Inputs& in, const std::string& variant
   return out;
 }
 
+bool backward_order(const std::string& variant, Order& order) {
+  if (variant == "fa2") order = Order::kv_outer;  // FlashAttention-2's backward
+  else if (variant == "fa1") order = Order::q_outer;
+  else return false;
+  return true;
+}
+
+void backward(const Problem& p, const Inputs& in, Order order, Blocks bl, Outputs& out) {
+  out.dq = Tensor({p.B, p.Hq, p.Nq, p.d});
+  out.dk = Tensor({p.B, p.Hkv, p.Nk, p.d});
+  out.dv = Tensor({p.B, p.Hkv, p.Nk, p.d});
+  // One (b, KV head) per task, so that the GQA sums into dK, dV stay inside one thread.
+  parallel_for_2d(p.B, p.Hkv, [&](int64_t b, int64_t hk) {
+    std::vector<Head> group;  // the g query heads of KV head hk
+    for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) group.push_back(head_of(p, in, out, b, h));
+    if (order == Order::kv_outer) backward_kv_outer(group, bl);
+    else backward_q_outer(group, bl);
+  });
+}
+
 double memory_needed(const Problem& p, const std::string& variant, const Config& cfg) {
   const double Nq = double(p.Nq), Nk = double(p.Nk), d = double(p.d);
   const double tile = double(std::min(cfg.tile, p.Nk)), T = double(ceil_div(p.Nk, cfg.tile));
@@ -63,9 +90,13 @@ double memory_needed(const Problem& p, const std::string& variant, const Config&
   else if (variant == "online") per_head = tile + d;
   else if (variant == "fa1") per_head = Br * Bc + Br * d + 2 * Nq + 2 * Br;
   else per_head = Br * d + 2 * Br * Bc + 3 * Br;  // fa2
-  const double outputs = double(p.B) * double(p.Hq) * Nq * (d + 1);
+  // The backward of one KV head: S_ij, P_ij, Pd_ij, dS_ij [Br, Bc], dQ_i [Br, d], dK_j and dV_j [Bc, d],
+  // D [Nq] of each of its g query heads.
+  const double per_kv_head = 4 * Br * Bc + Br * d + 2 * Bc * d + double(p.group()) * Nq;
+  const double working = std::max(double(parallel_workers(p.B * p.Hq)) * per_head,
+                                   p.backward ? double(parallel_workers(p.B * p.Hkv)) * per_kv_head : 0.0);
   // A Runner holds the outputs of its previous run until the new ones are complete: outputs twice.
-  return (double(parallel_workers(p.B * p.Hq)) * per_head + 2 * outputs) * sizeof(float);
+  return (working + 2 * output_elements(p)) * sizeof(float);
 }
 
 namespace {
@@ -75,6 +106,12 @@ class Step2Runner final : public Runner {
   Step2Runner(const Problem& p, const Inputs& in, std::string variant, Config cfg)
       : p_(p), in_(in), variant_(std::move(variant)), cfg_(cfg) {}
   void run() override { out_ = attention(p_, in_, variant_, cfg_); }
+  // From the O and LSE of run(), in the loop order of the variant (fa1: q-outer, fa2: kv-outer).
+  void run_backward() override {
+    Order order = Order::kv_outer;
+    backward_order(variant_, order);
+    backward(p_, in_, order, blocks_from_budget(cfg_.budget, p_.d), out_);
+  }
   Outputs outputs() override { return out_; }
 
  private:
@@ -111,9 +148,14 @@ Stage stage(const Config& cfg) {
   Stage s;
   s.name = "step2_online_softmax";
   s.title = "online softmax on the CPU: 3-pass, 2-pass, online, FlashAttention-1 and -2 loop orders";
-  s.has_backward = false;
+  s.has_backward = true;
   s.variants = {"3pass", "2pass", "online", "fa1", "fa2"};
-  s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
+  s.unsupported = [](const Problem& p, const std::string& v) {
+    Order order;
+    if (!p.backward || backward_order(v, order)) return std::string();
+    return "the backward is tiled like fa1 (q-outer) or fa2 (kv-outer): --backward needs --variant fa1 or fa2, "
+           "not " + v;
+  };
   s.make = [cfg](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
     return std::make_unique<Step2Runner>(p, in, v, cfg);
   };

@@ -280,7 +280,7 @@ TEST(Refusals, Step2FlagsItsModesWouldIgnore) {
       {{"--seq", "16", "--dim", "4", "--bench", "--bench-against", "3pass"},
        "--bench-against times one variant against another: add --variant"},
       {{"--seq", "16", "--dim", "4", "--tuned"}, "step2_online_softmax has no configurations to tune (--tuned)"},
-      {{"--seq", "16", "--dim", "4", "--backward"}, "step2_online_softmax has no backward pass (--backward)"},
+      {{"--seq", "16", "--dim", "4", "--backward", "--variant", "online"}, "--backward needs --variant fa1 or fa2, not online"},
       {{"--seq", "16", "--dim", "4", "--json", json}, "--dump and --json record one variant: add --variant"},
       {{"--variant", "3pass", "--tile", "9", "--json", json, "--dump", d.string()},
        "--tile sets the tiles of 2pass and online; --variant 3pass does not use it"},

@@ -1,7 +1,8 @@
 // FlashAttention, step by step — tests of step 2: the online-softmax invariant.
 // Property style: hundreds of seeded random heads (shapes, masks, scales, dropout) and random tilings
 // (tiles of 1, tails, a single tile, tiles larger than N), each variant against step 1 in fp64; the merge's
-// algebra; huge logits and masked rows; every variant through the harness's check with all features.
+// algebra; huge logits and masked rows; every variant through the harness's check with all features;
+// both orders of the tiled backward (kv-outer, q-outer) against step 1's backward in fp64.
 // The --trace golden file is checked by ctest (tests/CMakeLists.txt says how to regenerate it).
 #include <gtest/gtest.h>
 
@@ -222,6 +223,122 @@ TEST(Step2, FootprintShowsTheFourfoldReduction) {
   EXPECT_NE(t.find("0.25x of 3pass"), std::string::npos) << t;
 }
 
+// ---- the tiled backward ----------------------------------------------------------------------------
+
+// A random problem for the backward: GQA (g = Hq / Hkv of 1 to 3), Nq and Nk on either side of each other,
+// causal with input_pos from -3 (rows that see nothing) to past Nk, dropout, in fp32.
+Problem random_backward_problem(uint64_t seed, std::mt19937_64& rng) {
+  auto pick = [&](int64_t lo, int64_t hi) { return lo + int64_t(rng() % uint64_t(hi - lo + 1)); };
+  Problem p;
+  p.B = pick(1, 2);
+  p.Hkv = pick(1, 2);
+  p.Hq = p.Hkv * pick(1, 3);
+  p.Nq = pick(1, 40);
+  p.Nk = pick(1, 40);
+  p.d = pick(1, 8);
+  p.causal = pick(0, 1);
+  p.input_pos = pick(-3, p.Nk);
+  p.scale = float(pick(0, 1) ? 1.0 / std::sqrt(double(p.d)) : 1.0);
+  p.dtype = DType::fp32;
+  p.dropout = pick(0, 2) == 0 ? 0.3f : 0.0f;
+  p.seed = seed;
+  p.backward = true;
+  p.validate();
+  return p;
+}
+
+// Forward with fa2 (O and LSE), then the backward in `order` with blocks bl.
+Outputs run_backward(const Problem& p, const Inputs& in, step2::Order order, step2::Blocks bl) {
+  Outputs out = step2::attention(p, in, "fa2", step2::Config{});
+  step2::backward(p, in, order, bl, out);
+  return out;
+}
+
+// dQ, dK, dV against step 1's backward in fp64: within 1e-4 of the largest gradient of each tensor (at least
+// 1), and exactly 0 in the dQ rows of a query that sees no key (LSE = -inf).
+void expect_gradients_match_step1(const Problem& p, const Inputs& in, const Outputs& got, const std::string& what) {
+  const auto ref = step1::attention<double>(p, in, true);
+  const std::pair<const char*, std::pair<const Tensor*, const TensorT<double>*>> grads[] = {
+      {"dQ", {&got.dq, &ref.dq}}, {"dK", {&got.dk, &ref.dk}}, {"dV", {&got.dv, &ref.dv}}};
+  for (const auto& [name, g] : grads) {
+    const auto& [a, b] = g;
+    ASSERT_EQ(a->size(), b->size()) << what << " " << name;
+    double largest = 1.0;
+    for (double x : b->data) largest = std::max(largest, std::fabs(x));
+    for (size_t k = 0; k < a->size(); ++k) {
+      ASSERT_TRUE(std::isfinite(a->data[k])) << what << " " << name << " element " << k;
+      ASSERT_NEAR(a->data[k], b->data[k], 1e-4 * largest) << what << " " << name << " element " << k;
+    }
+  }
+  for (size_t r = 0; r < ref.lse.size(); ++r) {
+    if (!std::isinf(ref.lse.data[r])) continue;
+    for (int64_t c = 0; c < p.d; ++c) ASSERT_EQ(got.dq.data[r * size_t(p.d) + size_t(c)], 0.0f) << what << " row " << r;
+  }
+}
+
+std::string describe(const Problem& p, step2::Order order, step2::Blocks bl) {
+  return std::string(step2::order_name(order)) + " Br " + std::to_string(bl.Br) + " Bc " + std::to_string(bl.Bc) +
+         " " + p.describe();
+}
+
+constexpr step2::Order kOrders[] = {step2::Order::kv_outer, step2::Order::q_outer};
+
+TEST(Step2Backward, BothOrdersMatchStep1OnRandomProblemsAndTilings) {
+  std::mt19937_64 rng(7);
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    const Problem p = random_backward_problem(seed, rng);
+    const Inputs in = random_inputs(p);
+    const step2::Blocks bl{random_tile(rng, p.Nq), random_tile(rng, p.Nk)};
+    for (step2::Order order : kOrders)
+      expect_gradients_match_step1(p, in, run_backward(p, in, order, bl), describe(p, order, bl));
+  }
+}
+
+// The fixed cases the random ones may miss: N = 37 with tiles of 8 and 16 (tails), a negative input_pos
+// (the first rows see no key), GQA with dropout, Nq < Nk and Nq > Nk.
+TEST(Step2Backward, TailsMaskedRowsGqaDropoutAndUnequalLengths) {
+  struct Shape {
+    int64_t Hq, Hkv, Nq, Nk;
+    bool causal;
+    int64_t input_pos;
+    float dropout;
+  };
+  const Shape shapes[] = {
+      {2, 2, 37, 37, false, 0, 0.0f},  // tails
+      {2, 2, 37, 37, true, 0, 0.0f},   // causal, square
+      {2, 1, 37, 37, true, -5, 0.0f},  // rows 0 to 4 see no key
+      {4, 2, 37, 37, false, 0, 0.2f},  // GQA with dropout
+      {3, 1, 37, 37, true, 3, 0.2f},   // all of it
+      {2, 2, 13, 37, true, 24, 0.1f},  // Nq < Nk: the last 13 queries of a 37-token prefix
+      {2, 1, 37, 13, true, -24, 0.1f}, // Nq > Nk: the default input_pos masks the first 24 rows whole
+  };
+  for (const Shape& s : shapes) {
+    Problem p;
+    p.B = 2, p.Hq = s.Hq, p.Hkv = s.Hkv, p.Nq = s.Nq, p.Nk = s.Nk, p.d = 8, p.causal = s.causal;
+    p.input_pos = s.input_pos, p.scale = 0.4f, p.dtype = DType::fp32, p.dropout = s.dropout, p.seed = 11;
+    p.backward = true;
+    p.validate();
+    const Inputs in = random_inputs(p);
+    for (step2::Blocks bl : {step2::Blocks{8, 16}, step2::Blocks{16, 8}, step2::Blocks{8, 8}, step2::Blocks{1, 37}})
+      for (step2::Order order : kOrders)
+        expect_gradients_match_step1(p, in, run_backward(p, in, order, bl), describe(p, order, bl));
+  }
+}
+
+// The two orders sum the same products in another order: equal up to float rounding.
+TEST(Step2Backward, BothOrdersAgree) {
+  std::mt19937_64 rng(8);
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    const Problem p = random_backward_problem(seed, rng);
+    const Inputs in = random_inputs(p);
+    const step2::Blocks bl{random_tile(rng, p.Nq), random_tile(rng, p.Nk)};
+    const Outputs a = run_backward(p, in, step2::Order::kv_outer, bl), b = run_backward(p, in, step2::Order::q_outer, bl);
+    for (const auto& [x, y] : {std::pair{&a.dq, &b.dq}, std::pair{&a.dk, &b.dk}, std::pair{&a.dv, &b.dv}})
+      for (size_t k = 0; k < x->size(); ++k)
+        ASSERT_NEAR(x->data[k], y->data[k], 1e-5f * std::max(1.0f, std::fabs(y->data[k]))) << describe(p, step2::Order::kv_outer, bl);
+  }
+}
+
 // Every variant through the harness's check against step 1, with every feature.
 struct Features {
   int64_t Nq, Nk, group, input_pos;  // input_pos: INT64_MIN = not causal, INT64_MAX = causal with the default
@@ -245,6 +362,27 @@ TEST_P(Step2Features, EveryVariantPassesTheCheckAgainstStep1) {
       const CheckReport r = check_against_reference(p, in, step2::attention(p, in, v, cfg));
       EXPECT_TRUE(r.pass) << v << " " << p.describe() << ": O err " << r.stage[0].max_abs << " LSE err "
                           << r.stage[1].max_abs;
+    }
+  }
+}
+
+TEST_P(Step2Features, BothBackwardOrdersPassTheCheckAgainstStep1) {
+  const Features f = GetParam();
+  for (DType dt : {DType::fp32, DType::bf16}) {
+    Problem p;
+    p.B = 2, p.Hq = 4, p.Hkv = 4 / f.group, p.Nq = f.Nq, p.Nk = f.Nk, p.d = 8, p.dtype = dt;
+    p.causal = f.input_pos != INT64_MIN;
+    p.input_pos = f.input_pos == INT64_MAX || !p.causal ? p.Nk - p.Nq : f.input_pos;
+    p.scale = 0.4f, p.dropout = f.dropout, p.seed = 77, p.backward = true;
+    p.validate();
+    const Inputs in = random_inputs(p);
+    const std::unique_ptr<Runner> runners[] = {step2::stage().make(p, in, "fa1"), step2::stage().make(p, in, "fa2")};
+    for (const auto& runner : runners) {
+      runner->run();
+      runner->run_backward();
+      const CheckReport r = check_against_reference(p, in, runner->outputs());
+      EXPECT_TRUE(r.pass) << p.describe() << ": dQ err " << r.stage[2].max_abs << " dK err " << r.stage[3].max_abs
+                          << " dV err " << r.stage[4].max_abs;
     }
   }
 }
