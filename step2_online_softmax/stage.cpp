@@ -122,17 +122,6 @@ class Step2Runner final : public Runner {
   Outputs out_;
 };
 
-// printf into a std::string.
-template <typename... A>
-void out(std::string& s, const char* fmt, A... a) {
-  if constexpr (sizeof...(A) == 0) {
-    s += fmt;  // a plain string: no format to apply
-  } else {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, fmt, a...);
-    s += buf;
-  }
-}
 
 // A ratio with two decimals, or two significant digits below 0.1, so that a small one still shows:
 // "1.05", "0.004" rather than "0.00".

@@ -6,6 +6,8 @@
 #pragma once
 #include <Eigen/Dense>
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 #include "core/problem.h"
 #include "online.h"
@@ -54,5 +56,17 @@ inline void finish_row(const Head& hd, int64_t i, const SoftmaxState& st, const 
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// printf into a std::string: the tables and the trace are built as text, then printed at once.
+template <typename... A>
+void out(std::string& s, const char* fmt, A... a) {
+  if constexpr (sizeof...(A) == 0) {
+    s += fmt;  // a plain string: no format to apply
+  } else {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, fmt, a...);
+    s += buf;
+  }
+}
 
 }  // namespace fa::step2

@@ -18,16 +18,6 @@ namespace {
 
 constexpr int64_t kN = 6, kD = 2, kM = 20;
 
-template <typename... A>
-void out(std::string& s, const char* fmt, A... a) {
-  if constexpr (sizeof...(A) == 0) {
-    s += fmt;  // a plain string: no format to apply
-  } else {
-    char buf[512];
-    std::snprintf(buf, sizeof buf, fmt, a...);
-    s += buf;
-  }
-}
 
 void nums(std::string& s, const float* x, int64_t n) {
   for (int64_t k = 0; k < n; ++k) out(s, "%8.4f", x[k]);

@@ -347,15 +347,21 @@ struct Features {
 
 class Step2Features : public ::testing::TestWithParam<Features> {};
 
+// The problem of a feature case: 2 batches x 4 query heads, d = 8, scale 0.4.
+Problem features_problem(const Features& f, DType dt, bool backward) {
+  Problem p;
+  p.B = 2, p.Hq = 4, p.Hkv = 4 / f.group, p.Nq = f.Nq, p.Nk = f.Nk, p.d = 8, p.dtype = dt;
+  p.causal = f.input_pos != INT64_MIN;
+  p.input_pos = f.input_pos == INT64_MAX || !p.causal ? p.Nk - p.Nq : f.input_pos;
+  p.scale = 0.4f, p.dropout = f.dropout, p.seed = 77, p.backward = backward;
+  p.validate();
+  return p;
+}
+
 TEST_P(Step2Features, EveryVariantPassesTheCheckAgainstStep1) {
   const Features f = GetParam();
   for (DType dt : {DType::fp32, DType::bf16}) {
-    Problem p;
-    p.B = 2, p.Hq = 4, p.Hkv = 4 / f.group, p.Nq = f.Nq, p.Nk = f.Nk, p.d = 8, p.dtype = dt;
-    p.causal = f.input_pos != INT64_MIN;
-    p.input_pos = f.input_pos == INT64_MAX || !p.causal ? p.Nk - p.Nq : f.input_pos;
-    p.scale = 0.4f, p.dropout = f.dropout, p.seed = 77;
-    p.validate();
+    const Problem p = features_problem(f, dt, false);
     const Inputs in = random_inputs(p);
     const step2::Config cfg{3, 40};  // tiles of 3 keys; Bc = ceil(40 / 32) = 2, Br = 2
     for (const std::string& v : step2::stage().variants) {
@@ -369,12 +375,7 @@ TEST_P(Step2Features, EveryVariantPassesTheCheckAgainstStep1) {
 TEST_P(Step2Features, BothBackwardOrdersPassTheCheckAgainstStep1) {
   const Features f = GetParam();
   for (DType dt : {DType::fp32, DType::bf16}) {
-    Problem p;
-    p.B = 2, p.Hq = 4, p.Hkv = 4 / f.group, p.Nq = f.Nq, p.Nk = f.Nk, p.d = 8, p.dtype = dt;
-    p.causal = f.input_pos != INT64_MIN;
-    p.input_pos = f.input_pos == INT64_MAX || !p.causal ? p.Nk - p.Nq : f.input_pos;
-    p.scale = 0.4f, p.dropout = f.dropout, p.seed = 77, p.backward = true;
-    p.validate();
+    const Problem p = features_problem(f, dt, true);
     const Inputs in = random_inputs(p);
     const std::unique_ptr<Runner> runners[] = {step2::stage().make(p, in, "fa1"), step2::stage().make(p, in, "fa2")};
     for (const auto& runner : runners) {
