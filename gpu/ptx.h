@@ -1,7 +1,7 @@
 // FlashAttention, step by step — gpu/ptx.h
 // Thin wrappers over the PTX instructions the tensor-core stages use, each citing the PTX ISA section it
 // follows and saying in scalar terms what it does. Only instructions that sm_90 (H100) and sm_120
-// (RTX 50-series) both have: mma.sync, ldmatrix, cp.async.bulk.tensor (TMA) and mbarrier. No wgmma.
+// (RTX 50-series) both have: mma.sync, ldmatrix, cp.async, cp.async.bulk.tensor (TMA) and mbarrier. No wgmma.
 #pragma once
 #include <cuda/ptx>
 #include <cuda_bf16.h>
@@ -80,6 +80,21 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, const uint32_t (
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- global -> shared memory without registers: cp.async -----------------------------------------
+// PTX ISA, "Data movement and conversion instructions: cp.async" (.cg: cached in L2 only, 16 bytes).
+// Scalar meaning: copy 16 bytes from global `src` to shared `dst` in the background, without a register.
+// commit_group closes the copies this thread issued since the last commit into a group; wait_group<N>
+// returns once at most N of this thread's groups are still in flight (the other threads' copies need a
+// __syncthreads as well).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // ---- fast exp2 ----------------------------------------------------------------------------------

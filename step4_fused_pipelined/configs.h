@@ -10,18 +10,34 @@
 
 namespace fa::step4 {
 
+// The chapter's sub-steps at the tiles of `tiles`: 4a and 4b copy with the threads (padded rows, then the
+// swizzle), 4c with cp.async into two buffers, 4d is `tiles` itself (TMA, the default kernel).
+enum class Substep { k4a, k4b, k4c, k4d };
+constexpr FwdTiles substep(FwdTiles tiles, Substep s) {
+  if (s == Substep::k4a) return {tiles.Br, tiles.Bc, 1, SmemLayout::kPadded, TileCopy::kThreads};
+  if (s == Substep::k4b) return {tiles.Br, tiles.Bc, 1, SmemLayout::kSwizzle, TileCopy::kThreads};
+  if (s == Substep::k4c) return {tiles.Br, tiles.Bc, 2, SmemLayout::kSwizzle, TileCopy::kCpAsync};
+  return tiles;
+}
+
 template <typename T, int D>
 struct Configs {
   template <FwdTiles kTiles>
   using Fwd = FwdTraits<T, D, kTiles>;
   // The H100 (sm_90, 227 KB per block): d = 128 takes long K/V tiles and 8 warps, d = 64 two blocks of
   // 4 warps per SM.
-  using Sm90 = Fwd<FwdTiles{.Br = D == 64 ? 64 : 128, .Bc = D == 64 ? 64 : 128, .stages = 2}>;
+  static constexpr FwdTiles kSm90{.Br = D == 64 ? 64 : 128, .Bc = D == 64 ? 64 : 128, .stages = 2};
+  using Sm90 = Fwd<kSm90>;
   // The RTX 50-series (sm_120, 99 KB per block): the best of the configurations that fit.
-  using Sm120 = Fwd<FwdTiles{.Br = 64, .Bc = 64, .stages = 2}>;
+  static constexpr FwdTiles kSm120{.Br = 64, .Bc = 64, .stages = 2};
+  using Sm120 = Fwd<kSm120>;
   static_assert(kFwdSmemBytes<Sm120> <= kSm120SmemBytes,
                 "the sm_120 default must fit in sm_120's 99 KB of shared memory per block");
-  // Every configuration --variant can name: tile sizes, warps, pipeline depth, and the swizzle ablation.
+  static constexpr FwdTiles k64{.Br = 64, .Bc = 64}, k128{.Br = 128, .Bc = 128};
+  static_assert((kSm90.Br == k64.Br || kSm90.Br == k128.Br) && kSm120.Br == k64.Br,
+                "the sub-steps are compiled at 64 x 64 and 128 x 128 tiles: the defaults' tiles");
+  // Every configuration --variant can name: tile sizes, warps, pipeline depth, the swizzle ablation, and
+  // the sub-steps.
   using All = ConfigList<Fwd<FwdTiles{.Br = 128, .Bc = 64, .stages = 1}>,  //
                          Fwd<FwdTiles{.Br = 128, .Bc = 64, .stages = 2}>,  //
                          Fwd<FwdTiles{.Br = 128, .Bc = 64, .stages = 3}>,  //
@@ -29,7 +45,11 @@ struct Configs {
                          Fwd<FwdTiles{.Br = 64, .Bc = 64, .stages = 2}>,   //
                          Fwd<FwdTiles{.Br = 64, .Bc = 64, .stages = 3}>,   //
                          Fwd<FwdTiles{.Br = 64, .Bc = 128, .stages = 2}>,  //
-                         Fwd<FwdTiles{.Br = 64, .Bc = 64, .stages = 2, .swizzle = false}>>;
+                         Fwd<FwdTiles{.Br = 64, .Bc = 64, .stages = 2, .layout = SmemLayout::kPlain}>,  //
+                         Fwd<substep(k64, Substep::k4a)>, Fwd<substep(k64, Substep::k4b)>,             //
+                         Fwd<substep(k64, Substep::k4c)>,                                              //
+                         Fwd<substep(k128, Substep::k4a)>, Fwd<substep(k128, Substep::k4b)>,           //
+                         Fwd<substep(k128, Substep::k4c)>>;
 };
 
 }  // namespace fa::step4

@@ -1,12 +1,14 @@
 // FlashAttention, step by step — step 4: swizzled tiles and the fragment loaders
 // (step4_fused_pipelined/fragments.cuh)
 //
-// What it adds: how a [rows, D] tile that TMA wrote into shared memory becomes mma.sync fragments.
-// A tile is stored as D / 64 panels of [rows, 64] 16-bit elements (128-byte rows). With the 128-byte
-// swizzle (CUDA programming guide, "tensor memory access", CU_TENSOR_MAP_SWIZZLE_128B) the 16-byte chunk c
-// of row r is stored at chunk c ^ (r % 8): the eight rows an ldmatrix reads at one logical chunk then hit
-// eight different chunks, all 32 banks, no conflict. Without it (the ablation) those eight rows fall in
-// the same four banks: an 8-way conflict.
+// What it adds: how a [rows, D] tile in shared memory becomes mma.sync fragments.
+// A tile is stored as D / 64 panels of [rows, 64] 16-bit elements (128-byte rows). Shared memory has 32
+// banks of 4 bytes; an ldmatrix reads eight 16-byte rows at once, and is conflict-free when those eight
+// rows cover all 32 banks. Stored plainly (SmemLayout::kPlain, the ablation), eight rows 128 bytes apart
+// start in the same bank: an 8-way conflict. Two cures (kernel_traits.h, SmemLayout):
+//   padded (4a)   each row takes 144 bytes, so row r starts 4r banks further on: 1/8 more memory;
+//   swizzled      the 16-byte chunk c of row r is stored at chunk c ^ (r % 8) (CUDA programming guide,
+//   (4b-4d)       "tensor memory access", CU_TENSOR_MAP_SWIZZLE_128B): no extra memory, and TMA writes it.
 //
 // Operand conventions of mma.sync.m16n8k16 (gpu/ptx.h): A is [16 rows, k16] row-major, B is [k16, n8].
 // From a tile, ldmatrix.x4 gives
@@ -19,6 +21,7 @@
 #include <cstdint>
 
 #include "gpu/ptx.h"
+#include "step4_fused_pipelined/kernel_traits.h"
 
 namespace fa::step4 {
 
@@ -33,35 +36,37 @@ __device__ __forceinline__ uint8_t* align_1024(uint8_t* smem_raw) {
 }
 
 // Byte offset of element (row, col), col a multiple of 8, in a [Rows, D] tile of 64-column panels.
-template <int Rows, bool kSwizzle = true>
+template <int Rows, SmemLayout L = SmemLayout::kSwizzle>
 __device__ __forceinline__ uint32_t tile_offset(int row, int col) {
   const int chunk = (col % 64) / 8;
-  return uint32_t((col / 64) * Rows * 128) + (kSwizzle ? swizzle_128b(row, chunk) : uint32_t(row * 128 + chunk * 16));
+  if constexpr (L == SmemLayout::kPadded) return uint32_t((col / 64) * Rows * 144 + row * 144 + chunk * 16);
+  return uint32_t((col / 64) * Rows * 128) +
+         (L == SmemLayout::kSwizzle ? swizzle_128b(row, chunk) : uint32_t(row * 128 + chunk * 16));
 }
 
 // A fragment of rows row0 .. row0+15, head-dim columns 16kk .. 16kk+15. Lanes 0-15 address the rows at
 // column 16kk (matrices 0, 1), lanes 16-31 the same rows at 16kk+8 (matrices 2, 3): a[0..3] as in ptx.h.
-template <int Rows, bool kSwizzle = true>
+template <int Rows, SmemLayout L = SmemLayout::kSwizzle>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t base, int row0, int kk) {
   const int lane = threadIdx.x % 32;
-  ptx::ldmatrix_x4(a, base + tile_offset<Rows, kSwizzle>(row0 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+  ptx::ldmatrix_x4(a, base + tile_offset<Rows, L>(row0 + (lane & 15), kk * 16 + (lane >> 4) * 8));
 }
 
 // B fragments of two n8 tiles, n = tile rows n0 .. n0+7 (b[0], b[1]) and n0+8 .. n0+15 (b[2], b[3]),
 // k = head-dim columns 16kk .. 16kk+15. Matrix m: rows n0 + 8 (m / 2), columns 16kk + 8 (m % 2).
-template <int Rows, bool kSwizzle = true>
+template <int Rows, SmemLayout L = SmemLayout::kSwizzle>
 __device__ __forceinline__ void load_b(uint32_t (&b)[4], uint32_t base, int n0, int kk) {
   const int lane = threadIdx.x % 32;
-  ptx::ldmatrix_x4(b, base + tile_offset<Rows, kSwizzle>(n0 + (lane & 7) + (lane >> 4) * 8,
+  ptx::ldmatrix_x4(b, base + tile_offset<Rows, L>(n0 + (lane & 7) + (lane >> 4) * 8,
                                                          kk * 16 + ((lane >> 3) & 1) * 8));
 }
 
 // B fragments of two n8 tiles, k = tile rows 16kk .. 16kk+15, n = head-dim columns n0 .. n0+7 (b[0], b[1])
 // and n0+8 .. n0+15 (b[2], b[3]). Matrix m: rows 16kk + 8 (m % 2), columns n0 + 8 (m / 2), transposed.
-template <int Rows, bool kSwizzle = true>
+template <int Rows, SmemLayout L = SmemLayout::kSwizzle>
 __device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], uint32_t base, int kk, int n0) {
   const int lane = threadIdx.x % 32;
-  ptx::ldmatrix_x4_trans(b, base + tile_offset<Rows, kSwizzle>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+  ptx::ldmatrix_x4_trans(b, base + tile_offset<Rows, L>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                                                n0 + (lane >> 4) * 8));
 }
 

@@ -6,8 +6,13 @@
 // from one declaration.
 //   Br      query rows per block (the tile of Q that stays in registers); 16 per warp
 //   Bc      keys per K/V tile (one trip of the main loop)
-//   stages  K/V tiles in flight in the shared-memory ring (1 = no overlap, 2 = double buffering, ...)
-//   swizzle the 128-byte swizzle (false: the ablation with plain rows, fragments.cuh)
+//   stages  K/V tiles in shared memory at once (1 = no overlap, 2 = double buffering, ...)
+//   layout  how a tile's rows sit in shared memory (fragments.cuh): padded, 128-byte swizzle, or plain
+//   copy    who copies tiles into shared memory: the chapter's sub-steps 4a-4d differ in layout and copy
+//     4a  copy = kThreads, layout = kPadded   the threads copy, then __syncthreads; padded rows (kernel_4a)
+//     4b  copy = kThreads, layout = kSwizzle  the same kernel; the swizzle instead of padding
+//     4c  copy = kCpAsync                     asynchronous copies of tile j+1 during tile j (kernel_4c)
+//     4d  copy = kTma                         TMA into a ring of mbarrier-guarded stages (kernel_4d)
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -17,12 +22,38 @@
 
 namespace fa::step4 {
 
+// How the 16-byte chunks of a tile's rows are placed in shared memory (fragments.cuh, tile_offset).
+enum class SmemLayout {
+  kSwizzle,  // chunk c of row r at chunk c ^ (r % 8) of a 128-byte row: what TMA writes, conflict-free
+  kPadded,   // rows of 128 + 16 bytes: conflict-free too, at 1/8 more memory; TMA cannot write it
+  kPlain,    // rows of 128 bytes: ldmatrix hits 8-way bank conflicts (the ablation)
+};
+// Who copies the tiles from global into shared memory.
+enum class TileCopy {
+  kThreads,  // every thread loads 16-byte chunks into registers and stores them (4a, 4b)
+  kCpAsync,  // every thread issues cp.async, which copies without registers while it computes (4c)
+  kTma,      // one thread issues TMA bulk copies; mbarriers say when they landed (4d, the default)
+};
+
 struct FwdTiles {
   int Br = 64;
   int Bc = 64;
   int stages = 2;
-  bool swizzle = true;
+  SmemLayout layout = SmemLayout::kSwizzle;
+  TileCopy copy = TileCopy::kTma;
 };
+
+// "Br64-Bc64-W4-S2" (4d, TMA), "4a-Br64-Bc64-W4-padded", "4c-Br64-Bc64-W4-S2": what --variant and step 6's
+// tuner call the configuration of these tiles.
+inline std::string tiles_name(const FwdTiles& t) {
+  const std::string label = t.copy == TileCopy::kTma ? ""
+                            : t.copy == TileCopy::kCpAsync ? "4c-"
+                            : t.layout == SmemLayout::kPadded ? "4a-" : "4b-";
+  const std::string layout = t.layout == SmemLayout::kPadded ? "-padded"
+                             : t.layout == SmemLayout::kPlain ? "-noswizzle" : "";
+  return label + "Br" + std::to_string(t.Br) + "-Bc" + std::to_string(t.Bc) + "-W" + std::to_string(t.Br / 16) +
+         (t.copy == TileCopy::kThreads ? "" : "-S" + std::to_string(t.stages)) + layout;
+}
 
 // The alignment slack of every kernel with swizzled tiles: fragments.cuh's align_1024 moves the dynamic
 // shared-memory base (only 16-byte aligned) to the 1024 bytes the swizzle pattern repeats over.
@@ -32,7 +63,8 @@ template <typename T_, int D_, FwdTiles kTiles>
 struct FwdTraits {
   using T = T_;
   static constexpr int D = D_, Br = kTiles.Br, Bc = kTiles.Bc, kStages = kTiles.stages;
-  static constexpr bool kSwizzle = kTiles.swizzle;
+  static constexpr SmemLayout kLayout = kTiles.layout;
+  static constexpr TileCopy kCopy = kTiles.copy;
   static constexpr int kWarps = Br / 16;           // each warp owns 16 query rows: one m16 tile of mma.sync
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPanelCols = 64;            // 64 x 16-bit = 128 bytes: one row of a swizzle panel
@@ -45,21 +77,21 @@ struct FwdTraits {
   static_assert(Bc % 16 == 0, "P V walks keys in k16 steps, and K is read 16 keys per ldmatrix.x4");
   static_assert(Bc <= 256 && Br <= 256, "a TMA box spans at most 256 rows");
   static_assert(kStages >= 1 && kStages <= 4, "1 to 4 K/V stages");
+  static_assert(kCopy != TileCopy::kThreads || kStages == 1, "4a/4b copy, then compute: one K/V buffer");
+  static_assert(kCopy != TileCopy::kCpAsync || kStages == 2, "4c double-buffers: tile j+1 lands while j is used");
+  static_assert(kCopy != TileCopy::kTma || kLayout != SmemLayout::kPadded, "TMA writes dense rows, never padded ones");
 
   // Registers per thread for the fragments (the rest is addresses and softmax state):
   // Q: D/16 k-steps x 4 regs, O: D/8 n-tiles x 4 floats, S: Bc/8 n-tiles x 4 floats.
   static constexpr int kFragRegs = D / 16 * 4 + D / 8 * 4 + Bc / 8 * 4;
   static_assert(kFragRegs <= 200, "fragments alone would exceed the 255-register limit once addresses are added");
 
-  static constexpr size_t kQBytes = size_t(Br) * D * sizeof(T);    // Q tile, later the O staging tile
-  static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);   // one K (or V) tile
+  static constexpr size_t kRowBytes = kLayout == SmemLayout::kPadded ? 144 : 128;  // one row of a panel
+  static constexpr size_t kQBytes = size_t(kPanels) * Br * kRowBytes;   // Q tile, later the O staging tile
+  static constexpr size_t kKVBytes = size_t(kPanels) * Bc * kRowBytes;  // one K (or V) tile
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
 
-  // "Br64-Bc64-W4-S2": what --variant and step 6's tuner call this configuration.
-  static std::string name() {
-    return "Br" + std::to_string(Br) + "-Bc" + std::to_string(Bc) + "-W" + std::to_string(kWarps) + "-S" +
-           std::to_string(kStages) + (kSwizzle ? "" : "-noswizzle");
-  }
+  static std::string name() { return tiles_name(kTiles); }
 };
 
 // The forward kernel's shared memory, in address order from the 1024-byte-aligned base. Every tile is a
@@ -77,8 +109,18 @@ struct FwdSmem {
   static constexpr size_t kBytes() { return kSmemAlignSlack + sizeof(FwdSmem); }
 };
 
+// The shared memory of the kernels whose threads copy the tiles (4a-4c): tiles only, no barriers.
+template <class Tr>
+struct CopySmem {
+  uint8_t q[Tr::kQBytes];                // [kPanels][Br, 64 (+ padding)]
+  uint8_t k[Tr::kStages][Tr::kKVBytes];  // [kStages][kPanels][Bc, 64 (+ padding)]
+  uint8_t v[Tr::kStages][Tr::kKVBytes];
+
+  static constexpr size_t kBytes() { return kSmemAlignSlack + sizeof(CopySmem); }
+};
+
 // Dynamic shared memory of configuration Tr, alignment slack included.
 template <class Tr>
-constexpr size_t kFwdSmemBytes = FwdSmem<Tr>::kBytes();
+constexpr size_t kFwdSmemBytes = Tr::kCopy == TileCopy::kTma ? FwdSmem<Tr>::kBytes() : CopySmem<Tr>::kBytes();
 
 }  // namespace fa::step4

@@ -7,6 +7,8 @@
 // included), Nq != Nk both ways, GQA and MQA, and each of bf16 / fp16 with and without dropout: every
 // kernel instance (dtype x dropout) of every configuration runs at least once. A backward configuration
 // checks O, LSE, dQ, dK and dV. Without a CUDA device every case is skipped with the reason.
+#include <algorithm>
+
 #include "gpu_grid.h"
 
 namespace fa::grid {
@@ -67,6 +69,33 @@ TEST_P(GpuConfigs, MatchesReference) {
   const CheckReport r = check_against_reference(p, in, runner->outputs());
   ASSERT_EQ(r.n, p.backward ? 5 : 2);
   expect_pass(r);
+}
+
+// Step 4's chapter walks through sub-steps 4a-4d: each is a variant, in order, and on either architecture
+// and head dim it names a configuration that is compiled (so the grid and the test above both run it);
+// 4d is the default. Host-side only: it runs without a GPU.
+TEST(Step4Substeps, VariantsNameCompiledConfigurations) {
+  const Stage& s = find_stage("step4_fused_pipelined");
+  const std::vector<std::string> substeps = {"4a-padded", "4b-swizzle", "4c-cp-async", "4d-tma"};
+  auto at = std::search(s.variants.begin(), s.variants.end(), substeps.begin(), substeps.end());
+  ASSERT_NE(at, s.variants.end()) << "step 4's variants list the sub-steps in order";
+  for (int cc : {9, 12})
+    for (int64_t d : {64, 128}) {
+      const Problem p = to_problem({1, 4, 4, 256, 256, d, false, kDefaultPos, DType::bf16, 0.0f}, false);
+      std::vector<std::string> configs;
+      for (const std::string& v : substeps) {
+        const std::string config = s.config_of(p, v, cc);
+        EXPECT_NE(std::find(s.tuning_variants.begin(), s.tuning_variants.end(), config), s.tuning_variants.end())
+            << v << " -> " << config << " is not a compiled configuration";
+        if (v != "4d-tma") {
+          EXPECT_EQ(config.substr(0, 3), v.substr(0, 2) + "-") << v << " runs " << config;
+        }
+        configs.push_back(config);
+      }
+      EXPECT_EQ(configs.back(), s.config_of(p, "auto", cc)) << "4d is the default";
+      std::sort(configs.begin(), configs.end());
+      EXPECT_EQ(std::unique(configs.begin(), configs.end()), configs.end()) << "each sub-step its own kernel";
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GpuConfigs, ::testing::ValuesIn(entries()),

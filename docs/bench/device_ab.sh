@@ -4,6 +4,7 @@
 # docs/results/structure.md).
 #
 #   docs/bench/device_ab.sh OLD_SRC OLD_REV NEW_REV check      build both; ptxas report; ctest -j 8; sanitizers
+#                                                             (SAN_FILTER: the tests they run, a gtest filter)
 #   docs/bench/device_ab.sh OLD_SRC OLD_REV NEW_REV ab ARGS...  build both if needed; ab_builds.py ARGS (--seqs ...)
 #
 # OLD_SRC is a copy of the old sources (e.g. `git archive OLD_REV | tar -x -C build-src-OLD_REV`, carried to the
@@ -32,7 +33,7 @@ case "$what" in
     t1=$(date +%s)
     ctest --test-dir build -j 8 > "$out/ctest-$new_rev.log" 2>&1
     echo "ctest rc=$? in $(( $(date +%s) - t1 )) s"; tail -n 3 "$out/ctest-$new_rev.log"
-    f='All/GpuConfigs.*Nq100_Nk300*:All/GpuConfigs.*step5*Nq300_Nk300*:All/GpuConfigs.*step4*Br64_Bc64_W4_S2_B*Nq300_Nk300*'
+    f=${SAN_FILTER:-'All/GpuConfigs.*Nq100_Nk300*:All/GpuConfigs.*step5*Nq300_Nk300*:All/GpuConfigs.*step4*Br64_Bc64_W4_S2_B*Nq300_Nk300*'}
     for tool in memcheck racecheck synccheck; do
       ( timeout 300 compute-sanitizer --tool $tool --error-exitcode 1 build/tests/fa_gpu_tests --gtest_filter="$f" \
           --gtest_brief=1 > "$out/san-$tool.log" 2>&1; echo "$tool rc=$?" >> "$out/san-$tool.log" ) &

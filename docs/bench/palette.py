@@ -27,8 +27,13 @@ PEERS = {
 CEILING_COLOR = "firebrick"
 
 # A variant that is not its stage's default keeps the stage's colour and gets its own line and marker.
+# Step 4's sub-steps go from pale to full orange; 4d, the default kernel, is the stage's own line.
 VARIANT_LINES = {
     "atomic": dict(linestyle="-.", marker="D"),
+    "4a-padded": dict(linestyle=":", marker="v", color="#fdae6b"),
+    "4b-swizzle": dict(linestyle=":", marker="^", color="#fd8d3c"),
+    "4c-cp-async": dict(linestyle="--", marker="s", color="#d94801"),
+    "4d-tma": dict(linestyle="-", marker="o"),
 }
 
 # Step 6 runs step 4's forward and step 5's backward kernels; its "default" variant is those stages in
@@ -52,4 +57,4 @@ def line_style(kind, name, variant=""):
     if kind == "peer":
         _, color, marker = PEERS.get(name, (name, "dimgray", "v"))
         return dict(color=color, marker=marker, linestyle="--", markerfacecolor="none")
-    return dict(color=stage_color(name), **VARIANT_LINES.get(variant, dict(linestyle="-", marker="o")))
+    return {"color": stage_color(name), **VARIANT_LINES.get(variant, dict(linestyle="-", marker="o"))}

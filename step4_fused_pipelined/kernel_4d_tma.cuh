@@ -1,8 +1,10 @@
-// FlashAttention, step by step — step 4: the fused, TMA-pipelined tensor-core kernel
-// (step4_fused_pipelined/kernel.cuh)
+// FlashAttention, step by step — step 4d: the fused, TMA-pipelined tensor-core kernel, step 4's default
+// (step4_fused_pipelined/kernel_4d_tma.cuh)
 //
-// What it adds over step 3: the same online-softmax loop (FlashAttention-2, Algorithm 1), with the data
-// movement and the arithmetic of a real kernel:
+// What it adds over 4c (kernel_4c_cp_async.cuh): the threads no longer copy. One thread issues TMA bulk
+// copies into a ring of stages guarded by mbarriers (ring.cuh), and O leaves through a TMA store.
+// The whole kernel, read on its own: the online-softmax loop (FlashAttention-2, Algorithm 1) with the
+// data movement and the arithmetic of a real kernel:
 //  - a block owns Br = 16 x Warps query rows; TMA copies its Q tile into shared memory once, ldmatrix moves
 //    it into registers, and it stays there for the whole loop;
 //  - K and V tiles of Bc keys stream through a ring of `Stages` shared-memory buffers filled by TMA
@@ -46,7 +48,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                   const AttnParams p) {
   using T = typename Tr::T;
   constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
-  constexpr bool kSw = Tr::kSwizzle;
+  constexpr SmemLayout kL = Tr::kLayout;
   constexpr int kQSteps = D / 16;  // k16 steps of Q K^T
   constexpr int kSTiles = Bc / 8;  // n8 tiles of S
   constexpr int kOTiles = D / 8;   // n8 tiles of O
@@ -99,7 +101,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   ptx::mbar_wait(&sm.q_full, 0);
   uint32_t q[kQSteps][4];
 #pragma unroll
-  for (int kk = 0; kk < kQSteps; ++kk) load_a<Br, kSw>(q[kk], ptx::smem_u32(sm.q), 16 * warp, kk);
+  for (int kk = 0; kk < kQSteps; ++kk) load_a<Br, kL>(q[kk], ptx::smem_u32(sm.q), 16 * warp, kk);
 
   // ---- main loop over K/V tiles -----------------------------------------------------------------------
   float o[kOTiles][4] = {};  // O accumulators: rows g, g+8; columns nd*8 + 2t, +1
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int np = 0; np < kSTiles / 2; ++np) {
         uint32_t kb[4];
-        load_b<Bc, kSw>(kb, k_base, np * 16, kk);
+        load_b<Bc, kL>(kb, k_base, np * 16, kk);
         ptx::mma_16816<T>(s[2 * np], q[kk], {kb[0], kb[1]});
         ptx::mma_16816<T>(s[2 * np + 1], q[kk], {kb[2], kb[3]});
       }
@@ -150,7 +152,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int np = 0; np < kOTiles / 2; ++np) {
         uint32_t vb[4];
-        load_b_trans<Bc, kSw>(vb, v_base, kk, np * 16);
+        load_b_trans<Bc, kL>(vb, v_base, kk, np * 16);
         ptx::mma_16816<T>(o[2 * np], pa[kk], {vb[0], vb[1]});
         ptx::mma_16816<T>(o[2 * np + 1], pa[kk], {vb[2], vb[3]});
       }
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int nd = 0; nd < kOTiles; ++nd)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint32_t off = tile_offset<Br, kSw>(16 * warp + g + 8 * r, nd * 8) + 4 * t;  // columns 8nd + 2t, +1
+      const uint32_t off = tile_offset<Br, kL>(16 * warp + g + 8 * r, nd * 8) + 4 * t;  // columns 8nd + 2t, +1
       *reinterpret_cast<uint32_t*>(sO + off) = ptx::pack2<T>(o[nd][2 * r] * inv_l[r], o[nd][2 * r + 1] * inv_l[r]);
     }
   ptx::fence_async_shared();  // the TMA store (async proxy) must see these ordinary stores
