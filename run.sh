@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(cmake ninja-build g++ libeigen3-dev googletest libgtest-dev librandom123-dev libcli11-dev
-          nlohmann-json3-dev python3-matplotlib python3-numpy)
+          nlohmann-json3-dev python3-matplotlib python3-numpy time)
 BUILD_DIR=${BUILD_DIR:-build}
 
 usage() {

@@ -33,9 +33,10 @@ std::vector<float> row_dots(const Head& hd) {
 }
 
 // One visit of block (i, j) of head hd: query rows [i0, i0 + rows), keys [j0, j0 + cols). Adds to the
-// row-major blocks dQ_i [rows, d], dK_j and dV_j [cols, d], wherever the loop order keeps them.
+// row-major blocks dQ_i [rows, d], dK_j and dV_j [cols, d], wherever the loop order keeps them; then shows
+// the block to `observe` (--trace --backward), if given.
 void visit(const Head& hd, const std::vector<float>& D, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
-           float* dQ_i, float* dK_j, float* dV_j) {
+           float* dQ_i, float* dK_j, float* dV_j, BackwardVisitObserver observe = nullptr, void* ctx = nullptr) {
   const int64_t d = hd.d;
   const MatR S = scores(hd, i0, rows, j0, cols);  // [rows, cols]  S_ij, masked = -inf
   MatR P(rows, cols);                             // [rows, cols]  P_ij = exp(S_ij - LSE_i), no rescaling
@@ -46,17 +47,20 @@ void visit(const Head& hd, const std::vector<float>& D, int64_t i0, int64_t rows
   const ConstMap dO_i(hd.dout + i0 * d, rows, d);  // [rows, d]
 
   Map(dV_j, cols, d).noalias() += Pd.transpose() * dO_i;  // dV_j += Pd_ij^T dO_i
-  MatR dS = dO_i * v_rows(hd, j0, cols).transpose();      // [rows, cols]  dPd_ij = dO_i V_j^T
-  apply_dropout(hd, dS, i0, j0);                          //               dP_ij = dPd_ij * Z_ij / (1 - p)
+  MatR dP = dO_i * v_rows(hd, j0, cols).transpose();      // [rows, cols]  dPd_ij = dO_i V_j^T
+  apply_dropout(hd, dP, i0, j0);                          //               dP_ij = dPd_ij * Z_ij / (1 - p)
+  MatR dS(rows, cols);                                    // [rows, cols]  dS_ij = P_ij * (dP_ij - D_i)
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dS(r, c) = P(r, c) * (dS(r, c) - D[size_t(i0 + r)]);  // dS_ij
-  Map(dQ_i, rows, d).noalias() += hd.scale * (dS * k_rows(hd, j0, cols));                // dQ_i += scale dS_ij K_j
-  Map(dK_j, cols, d).noalias() += hd.scale * (dS.transpose() * q_rows(hd, i0, rows));    // dK_j += scale dS_ij^T Q_i
+    for (int64_t c = 0; c < cols; ++c) dS(r, c) = P(r, c) * (dP(r, c) - D[size_t(i0 + r)]);
+  Map(dQ_i, rows, d).noalias() += hd.scale * (dS * k_rows(hd, j0, cols));              // dQ_i += scale dS_ij K_j
+  Map(dK_j, cols, d).noalias() += hd.scale * (dS.transpose() * q_rows(hd, i0, rows));  // dK_j += scale dS_ij^T Q_i
+  if (observe)
+    observe({i0, rows, j0, cols, S.data(), P.data(), dP.data(), dS.data(), &D[size_t(i0)], dQ_i, dK_j, dV_j}, ctx);
 }
 
 }  // namespace
 
-void backward_kv_outer(const std::vector<Head>& group, Blocks bl) {
+void backward_kv_outer(const std::vector<Head>& group, Blocks bl, BackwardVisitObserver observe, void* ctx) {
   const Head& kv = group.front();  // K, V, dK, dV are those of every head of the group
   const int64_t Nq = kv.Nq, Nk = kv.Nk, d = kv.d;
   std::vector<std::vector<float>> D;  // [g][Nq]
@@ -75,7 +79,7 @@ void backward_kv_outer(const std::vector<Head>& group, Blocks bl) {
       for (int64_t i0 = 0; i0 < Nq; i0 += bl.Br) {  // inner: every Q block visits K_j, V_j
         const int64_t rows = std::min(bl.Br, Nq - i0);
         if (block_masked(hd, i0, rows, j0)) continue;  // causal: the rows of this block see none of K_j
-        visit(hd, D[g], i0, rows, j0, cols, hd.dq + i0 * d, dK_j.data(), dV_j.data());
+        visit(hd, D[g], i0, rows, j0, cols, hd.dq + i0 * d, dK_j.data(), dV_j.data(), observe, ctx);
       }
     }
     Map(kv.dk + j0 * d, cols, d) = dK_j.topRows(cols);  // written once

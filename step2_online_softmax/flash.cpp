@@ -23,7 +23,7 @@ Blocks blocks_from_budget(int64_t M, int64_t d) {
   return {std::min(Bc, d), Bc};
 }
 
-void attention_fa1(const Head& hd, Blocks bl) {
+void attention_fa1(const Head& hd, Blocks bl, Fa1VisitObserver observe, void* ctx) {
   const int64_t Nq = hd.Nq, Nk = hd.Nk, d = hd.d;
   // "HBM": O, l, m between visits, initialised as Algorithm 1, line 2: O = 0, l = 0, m = -inf.
   Map O(hd.o, Nq, d);  // [Nq, d]  normalised after each visit
@@ -36,21 +36,26 @@ void attention_fa1(const Head& hd, Blocks bl) {
     for (int64_t i0 = 0; i0 < Nq; i0 += bl.Br) {  // inner: every Q block visits K_j, V_j
       const int64_t rows = std::min(bl.Br, Nq - i0);
       if (block_masked(hd, i0, rows, j0)) continue;
-      MatR P = scores(hd, i0, rows, j0, cols);  // [rows, cols]  S_ij, then P~_ij in place
+      const MatR S = scores(hd, i0, rows, j0, cols);  // [rows, cols]  S_ij
+      MatR P(rows, cols);                             // [rows, cols]  P~_ij = exp(S_ij - m~_ij)
       for (int64_t r = 0; r < rows; ++r) {
-        tile[r] = {P.row(r).maxCoeff(), 0.0f};  // m~_ij = rowmax(S_ij)
-        for (int64_t c = 0; c < cols; ++c) tile[r].l += (P(r, c) = safe_exp_diff(P(r, c), tile[r].m));
+        tile[r] = {S.row(r).maxCoeff(), 0.0f};  // m~_ij = rowmax(S_ij), l~_ij = rowsum(P~_ij)
+        for (int64_t c = 0; c < cols; ++c) tile[r].l += (P(r, c) = safe_exp_diff(S(r, c), tile[r].m));
       }
-      apply_dropout(hd, P, i0, j0);
-      const MatR PV = P * v_rows(hd, j0, cols);  // [rows, d]  P~_ij V_j
+      MatR Pd = P;  // [rows, cols]  dropout after l~_ij is summed: l stays that of the undropped weights
+      apply_dropout(hd, Pd, i0, j0);
+      const MatR PV = Pd * v_rows(hd, j0, cols);  // [rows, d]  P~_ij Z_ij / (1 - p) V_j
       for (int64_t r = 0; r < rows; ++r) {
         SoftmaxState& st = ml[size_t(i0 + r)];
         const float l_old = st.l;
         // m_new = max(m_i, m~_ij), l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij: the merge.
         const MergeFactors c = merge_states(st, tile[r]);
-        // Line 12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j).
+        // Line 12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j),
+        // with the dropped P~_ij Z_ij / (1 - p) in place of P~_ij when there is dropout.
         O.row(i0 + r) = (c.c1 * l_old * O.row(i0 + r) + c.c2 * PV.row(r)) * inv_l(st);
       }
+      if (observe)
+        observe({i0, rows, j0, cols, S.data(), P.data(), Pd.data(), tile.data(), &ml[size_t(i0)], &O(i0, 0)}, ctx);
     }
   }
   for (int64_t i = 0; i < Nq; ++i) hd.lse[i] = row_lse(ml[size_t(i)]);

@@ -3,7 +3,9 @@
 //   step2_online_softmax --check --bench       every variant on the problem, one line each
 //   step2_online_softmax --variant fa2 --check one variant, with the harness's full report (and --dump, --json)
 //   step2_online_softmax --backward --check    fa1 (q-outer) and fa2 (kv-outer) backward, dQ, dK, dV checked too
-//   step2_online_softmax --trace               the worked example N = 6, d = 2, M = 20, block by block
+//   step2_online_softmax --trace               the worked example N = 6, d = 2, M = 20, block by block (fa2)
+//   step2_online_softmax --trace --variant fa1 the same in FlashAttention-1's loop order, with dropout
+//   step2_online_softmax --trace --backward    the same through fa2's backward (kv-outer), tile by tile
 //   step2_online_softmax --footprint           the intermediate memory of 3pass, 2pass and online
 // --tile sets the keys per tile of 2pass and online, --budget the on-chip floats M of fa1 and fa2. A flag
 // that the chosen mode or variant would ignore is refused, as the common CLI refuses bad input: one line,
@@ -12,6 +14,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "harness/cli.h"
@@ -89,6 +93,19 @@ int run_all(const fa::Stage& s, fa::CommonOptions& o, const fa::step2::Config& c
   return failures ? 1 : 0;
 }
 
+// --trace: fa2's forward (the default), fa1's forward with dropout, or fa2's backward.
+std::string trace_text(const fa::CommonOptions& o) {
+  const std::string v = o.variant.empty() ? "fa2" : o.variant;
+  const uint64_t seed = o.seed.value_or(0);
+  if (v != "fa1" && v != "fa2")
+    throw std::invalid_argument("--trace walks the loop order of fa2 (FlashAttention-2) or fa1 (FlashAttention-1): "
+                                "--variant " + v + " has none");
+  if (o.problem.backward && v == "fa1")
+    throw std::invalid_argument("--trace --backward walks fa2's backward (kv-outer) only: drop --variant fa1");
+  if (o.problem.backward) return fa::step2::trace_backward(seed);
+  return v == "fa1" ? fa::step2::trace_fa1(seed) : fa::step2::trace(seed);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -98,7 +115,10 @@ int main(int argc, char** argv) {
   fa::add_common_options(app, o);
   fa::step2::Config cfg;
   bool trace = false, footprint = false;
-  app.add_flag("--trace", trace, "print the worked example (N = 6, d = 2, M = 20) block by block, then exit");
+  app.add_flag("--trace", trace,
+               "print the worked example (N = 6, d = 2, M = 20) block by block in fa2's loop order, then exit; "
+               "with --variant fa1 in FlashAttention-1's loop order, with dropout; with --backward through fa2's "
+               "backward (kv-outer)");
   app.add_flag("--footprint", footprint,
                "print the intermediate memory of 3pass, 2pass and online for --seq-q, --seq-k, --dim, --tile");
   const uint64_t most = std::numeric_limits<int64_t>::max();
@@ -112,9 +132,10 @@ int main(int argc, char** argv) {
   try {
     fa::check_command_line(app, o);
     if (trace) {
-      fa::refuse_flags_beside(app, "--trace", {"--seed"},
-                              "prints one fixed worked example (N = 6, d = 2, M = 20), changed only by --seed");
-      std::fputs(fa::step2::trace(o.seed.value_or(0)).c_str(), stdout);
+      fa::refuse_flags_beside(app, "--trace", {"--seed", "--variant", "--backward"},
+                              "prints one fixed worked example (N = 6, d = 2, M = 20) in the loop order of --variant "
+                              "fa2 or fa1, or through fa2's --backward, changed only by --seed");
+      std::fputs(trace_text(o).c_str(), stdout);
       return 0;
     }
     if (footprint) {

@@ -92,7 +92,19 @@ struct Visit {
 };
 using VisitObserver = void (*)(const Visit& v, void* ctx);
 
-void attention_fa1(const Head& hd, Blocks bl);
+// What one FlashAttention-1 visit of block (i, j) leaves behind, for --trace --variant fa1.
+struct Fa1Visit {
+  int64_t i0, rows, j0, cols;  // the Q block's first row and size, the K/V block's first key and size
+  const float* S;              // [rows, cols]  S_ij = scale Q_i K_j^T, masked = -inf
+  const float* P;              // [rows, cols]  P~_ij = exp(S_ij - m~_ij), undropped
+  const float* Pd;             // [rows, cols]  P~_ij Z_ij / (1 - p): the weights V_j is multiplied by
+  const SoftmaxState* tile;    // [rows]        (m~_ij, l~_ij) of the block, l~_ij = rowsum(P~_ij)
+  const SoftmaxState* state;   // [rows]        (m_i, l_i) as written back to "HBM"
+  const float* O;              // [rows, d]     O_i as written back to "HBM", normalised
+};
+using Fa1VisitObserver = void (*)(const Fa1Visit& v, void* ctx);
+
+void attention_fa1(const Head& hd, Blocks bl, Fa1VisitObserver observe = nullptr, void* ctx = nullptr);
 void attention_fa2(const Head& hd, Blocks bl, VisitObserver observe = nullptr, void* ctx = nullptr);
 
 // A partial result over a key range [j0, j1) of one query row: the state of the invariant.
@@ -115,7 +127,21 @@ void attention_split_kv(const Head& hd, int64_t splits, int64_t tile);
 //   dV_j += Pd_ij^T dO_i       dPd_ij = dO_i V_j^T       dP_ij = dPd_ij * Z_ij / (1 - p)
 //   dS_ij = P_ij * (dP_ij - D_i)   dQ_i += scale dS_ij K_j   dK_j += scale dS_ij^T Q_i
 enum class Order { kv_outer, q_outer };
-void backward_kv_outer(const std::vector<Head>& group, Blocks bl);
+// What one visit of block (i, j) of the backward leaves behind, for --trace --backward. Row-major.
+struct BackwardVisit {
+  int64_t i0, rows, j0, cols;  // the Q block's first row and size, the K/V block's first key and size
+  const float* S;              // [rows, cols]  S_ij = scale Q_i K_j^T, masked = -inf
+  const float* P;              // [rows, cols]  P_ij = exp(S_ij - LSE_i)
+  const float* dP;             // [rows, cols]  dP_ij = dO_i V_j^T (x dropout)
+  const float* dS;             // [rows, cols]  dS_ij = P_ij (dP_ij - D_i)
+  const float* D;              // [rows]        D_i = rowsum(dO_i * O_i)
+  const float* dQ_i;           // [rows, d]     dQ_i after this visit's addition
+  const float* dK_j;           // [cols, d]     dK_j after this visit's addition
+  const float* dV_j;           // [cols, d]     dV_j after this visit's addition
+};
+using BackwardVisitObserver = void (*)(const BackwardVisit& v, void* ctx);
+void backward_kv_outer(const std::vector<Head>& group, Blocks bl, BackwardVisitObserver observe = nullptr,
+                       void* ctx = nullptr);
 void backward_q_outer(const std::vector<Head>& group, Blocks bl);
 // "kv-outer" or "q-outer"
 const char* order_name(Order o);
@@ -139,6 +165,10 @@ double memory_needed(const Problem& p, const std::string& variant, const Config&
 std::string footprint_table(int64_t Nq, int64_t Nk, int64_t d, int64_t tile, int64_t budget);
 // --trace: the worked example N = 6, d = 2, M = 20, block by block, with and without the causal mask.
 std::string trace(uint64_t seed);
+// --trace --variant fa1: the same example in FlashAttention-1's loop order, with dropout.
+std::string trace_fa1(uint64_t seed);
+// --trace --backward: the same example through the kv-outer backward, with and without the causal mask.
+std::string trace_backward(uint64_t seed);
 
 // The registry entry; `cfg` sets the tile and budget of the executable's --tile and --budget.
 Stage stage(const Config& cfg = {});

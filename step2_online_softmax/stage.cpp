@@ -88,11 +88,11 @@ double memory_needed(const Problem& p, const std::string& variant, const Config&
   if (variant == "3pass") per_head = Nq * Nk + Nq * d;
   else if (variant == "2pass") per_head = Nq * Nk + 3 * Nq * T + Nq * tile + Nq + Nq * d;
   else if (variant == "online") per_head = tile + d;
-  else if (variant == "fa1") per_head = Br * Bc + Br * d + 2 * Nq + 2 * Br;
+  else if (variant == "fa1") per_head = 3 * Br * Bc + Br * d + 2 * Nq + 2 * Br;  // S_ij, P~_ij, dropped P~_ij
   else per_head = Br * d + 2 * Br * Bc + 3 * Br;  // fa2
-  // The backward of one KV head: S_ij, P_ij, Pd_ij, dS_ij [Br, Bc], dQ_i [Br, d], dK_j and dV_j [Bc, d],
-  // D [Nq] of each of its g query heads.
-  const double per_kv_head = 4 * Br * Bc + Br * d + 2 * Bc * d + double(p.group()) * Nq;
+  // The backward of one KV head: S_ij, P_ij, Pd_ij, dP_ij, dS_ij [Br, Bc], dQ_i [Br, d], dK_j and dV_j
+  // [Bc, d], D [Nq] of each of its g query heads.
+  const double per_kv_head = 5 * Br * Bc + Br * d + 2 * Bc * d + double(p.group()) * Nq;
   const double working = std::max(double(parallel_workers(p.B * p.Hq)) * per_head,
                                    p.backward ? double(parallel_workers(p.B * p.Hkv)) * per_kv_head : 0.0);
   // A Runner holds the outputs of its previous run until the new ones are complete: outputs twice.

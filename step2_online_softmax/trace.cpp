@@ -1,27 +1,79 @@
 // FlashAttention, step by step — step 2: the worked example, block by block (step2_online_softmax/trace.cpp)
 //
-// N = 6 queries and keys, d = 2, an on-chip budget of M = 20 floats, so Bc = ceil(20 / 8) = 3 and
-// Br = min(3, 2) = 2: three Q blocks, two K/V blocks. The numbers come from the real attention_fa2 through
-// its visit observer, not from a copy of the algorithm; the final O and LSE are compared with step 1.
+// The example of trace.h (N = 6, d = 2, M = 20: three Q blocks of Br = 2 rows, two K/V blocks of Bc = 3
+// keys) through FlashAttention-2's forward. The numbers come from the real attention_fa2 through its visit
+// observer, not from a copy of the algorithm; the final O and LSE are compared with step 1.
 // Then the same keys split in two halves whose partial states are merged (split-KV).
-// The output is deterministic: tests/golden/step2_trace.txt holds it.
+// This file also holds what the three traces share (trace.h). Its output: tests/golden/step2_trace.txt.
+#include "trace.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "core/random.h"
 #include "step1_cpu_reference/reference.h"
-#include "tiles.h"
 
 namespace fa::step2 {
-namespace {
 
-constexpr int64_t kN = 6, kD = 2, kM = 20;
+namespace example {
 
+Problem problem(uint64_t seed, bool causal, float dropout, bool backward) {
+  Problem p;
+  p.B = p.Hq = p.Hkv = 1;
+  p.Nq = p.Nk = kN;
+  p.d = kD;
+  p.scale = float(1.0 / std::sqrt(double(kD)));
+  p.dtype = DType::fp32;
+  p.seed = seed;
+  p.causal = causal;
+  p.dropout = dropout;
+  p.backward = backward;
+  return p;
+}
+
+Inputs inputs(const Problem& p) { return random_inputs(p); }
+
+Outputs outputs(const Problem& p) {
+  Outputs res;
+  res.o = Tensor({1, 1, kN, kD});
+  res.lse = Tensor({1, 1, kN});
+  if (p.backward) res.dq = res.dk = res.dv = Tensor({1, 1, kN, kD});
+  return res;
+}
 
 void nums(std::string& s, const float* x, int64_t n) {
-  for (int64_t k = 0; k < n; ++k) out(s, "%8.4f", x[k]);
+  // A value that rounds to zero prints as 0.0000, never -0.0000 (as P_ij (dP_ij - D_i) with P_ij = 0 would).
+  for (int64_t k = 0; k < n; ++k) out(s, "%8.4f", std::fabs(x[k]) < 0.00005f ? 0.0f : x[k]);
 }
+
+void print_example(std::string& s, const std::string& title, const Problem& p, const Inputs& in) {
+  const Blocks bl = blocks_from_budget(kM, kD);
+  out(s, "%s: N = %lld queries and keys, d = %lld, on-chip budget M = %lld floats\n", title.c_str(), (long long)kN,
+      (long long)kD, (long long)kM);
+  out(s, "  Bc = ceil(M / 4d) = %lld keys per K/V block, Br = min(Bc, d) = %lld rows per Q block\n",
+      (long long)bl.Bc, (long long)bl.Br);
+  out(s, "  scale = 1/sqrt(d) = %.4f; inputs drawn with seed %llu, fp32\n", p.scale, (unsigned long long)p.seed);
+  if (p.dropout > 0)
+    out(s, "  dropout p = %.2f: a kept weight is scaled by 1/(1-p) = %.4f\n", p.dropout, 1.0 / (1.0 - p.dropout));
+  const bool dO = !in.dout.data.empty();
+  out(s, "\n  row |%16s |%16s |%16s%s\n", "Q", "K", "V", dO ? " |              dO" : "");
+  for (int64_t i = 0; i < kN; ++i) {
+    out(s, "  %3lld |", (long long)i);
+    for (const Tensor* t : {&in.q, &in.k, &in.v, &in.dout}) {
+      if (t->data.empty()) continue;
+      if (t != &in.q) out(s, " |");
+      nums(s, t->ptr() + i * kD, kD);
+    }
+    out(s, "\n");
+  }
+}
+
+}  // namespace example
+
+namespace {
+
+using example::kD, example::kM, example::kN, example::nums;
 
 struct Printer {
   std::string* s;
@@ -69,52 +121,15 @@ void print_visit(const Visit& v, void* ctx) {
   }
 }
 
-Head make_head(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, Tensor& lse, bool causal, float scale) {
-  Head hd;
-  hd.q = q.ptr();
-  hd.k = k.ptr();
-  hd.v = v.ptr();
-  hd.o = o.ptr();
-  hd.lse = lse.ptr();
-  hd.Nq = hd.Nk = kN;
-  hd.d = kD;
-  hd.causal = causal;
-  hd.scale = scale;
-  return hd;
-}
-
 }  // namespace
 
 std::string trace(uint64_t seed) {
-  Problem p;
-  p.B = p.Hq = p.Hkv = 1;
-  p.Nq = p.Nk = kN;
-  p.d = kD;
-  p.scale = float(1.0 / std::sqrt(double(kD)));
-  p.dtype = DType::fp32;
-  p.seed = seed;
-  Inputs in;  // as the harness's random_inputs
-  in.q = random_tensor({1, 1, kN, kD}, seed, 1, 0.3f, DType::fp32);  // [1, 1, N, d]
-  in.k = random_tensor({1, 1, kN, kD}, seed, 2, 0.3f, DType::fp32);  // [1, 1, N, d]
-  in.v = random_tensor({1, 1, kN, kD}, seed, 3, 0.5f, DType::fp32);  // [1, 1, N, d]
+  Problem p = example::problem(seed);
+  const Inputs in = example::inputs(p);
   const Blocks bl = blocks_from_budget(kM, kD);
 
   std::string s;
-  out(s, "step 2 trace: N = %lld queries and keys, d = %lld, on-chip budget M = %lld floats\n", (long long)kN,
-      (long long)kD, (long long)kM);
-  out(s, "  Bc = ceil(M / 4d) = %lld keys per K/V block, Br = min(Bc, d) = %lld rows per Q block\n",
-      (long long)bl.Bc, (long long)bl.Br);
-  out(s, "  scale = 1/sqrt(d) = %.4f; inputs drawn with seed %llu, fp32\n\n", p.scale, (unsigned long long)seed);
-  out(s, "  row |%16s |%16s |%16s\n", "Q", "K", "V");
-  for (int64_t i = 0; i < kN; ++i) {
-    out(s, "  %3lld |", (long long)i);
-    nums(s, in.q.ptr() + i * kD, kD);
-    out(s, " |");
-    nums(s, in.k.ptr() + i * kD, kD);
-    out(s, " |");
-    nums(s, in.v.ptr() + i * kD, kD);
-    out(s, "\n");
-  }
+  example::print_example(s, "step 2 trace", p, in);
   out(s, "\nFlashAttention-2's loop order: for each Q block i, visit K/V blocks j = 0, 1, ... in order.\n");
   out(s, "  S_ij = scale Q_i K_j^T (-inf: masked)     m_ij = rowmax(S_ij)     m_i = max(m_i, m_ij), the running max\n");
   out(s, "  alpha = exp(m_i before - m_i after): the factor by which l_i and acc_i are rescaled\n");
@@ -124,10 +139,11 @@ std::string trace(uint64_t seed) {
   Tensor O_full;  // [N, d]  the unmasked result, for the split-KV section
   for (bool causal : {false, true}) {
     p.causal = causal;
-    Tensor o({kN, kD}), lse({kN});  // [N, d], [N]
+    Outputs res = example::outputs(p);  // O [1, 1, N, d], LSE [1, 1, N]
+    const Tensor &o = res.o, &lse = res.lse;
     out(s, "\n==== %s ====\n", causal ? "causal: query i sees keys 0..i" : "no mask");
     Printer pr{&s, bl};
-    attention_fa2(make_head(in.q, in.k, in.v, o, lse, causal, p.scale), bl, print_visit, &pr);
+    attention_fa2(head_of(p, in, res, 0, 0), bl, print_visit, &pr);
     close_block(pr);
     const auto ref = step1::attention<double>(p, in, false);
     out(s, "\nresult: O_i = acc_i / l_i and LSE_i = m_i + log l_i, beside step 1 (fp64)\n");
@@ -146,8 +162,9 @@ std::string trace(uint64_t seed) {
   }
 
   // Split-KV: each half of the keys gives a partial state on its own; the merge recovers the whole.
-  Tensor o({kN, kD}), lse({kN});
-  const Head hd = make_head(in.q, in.k, in.v, o, lse, false, p.scale);
+  p.causal = false;
+  Outputs res = example::outputs(p);
+  const Head hd = head_of(p, in, res, 0, 0);
   const int64_t half = kN / 2;
   out(s, "\n==== split-KV (flash-decoding), no mask: keys 0..%lld and %lld..%lld on their own, then merged ====\n",
       (long long)half - 1, (long long)half, (long long)kN - 1);

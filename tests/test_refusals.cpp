@@ -274,6 +274,11 @@ TEST(Refusals, Step2FlagsItsModesWouldIgnore) {
       {{"--trace", "--seq", "4", "--check", "--bench"}, "changed only by --seed: drop --seq, --check, --bench"},
       {{"--trace", "--dim", "3"}, "drop --dim"},
       {{"--trace", "--footprint"}, "drop --footprint"},
+      {{"--trace", "--variant", "online"}, "--trace walks the loop order of fa2 (FlashAttention-2) or fa1 "
+                                           "(FlashAttention-1): --variant online has none"},
+      {{"--trace", "--backward", "--variant", "fa1"}, "--trace --backward walks fa2's backward (kv-outer) only: "
+                                                      "drop --variant fa1"},
+      {{"--trace", "--variant", "fa1", "--dropout", "0.5"}, "changed only by --seed: drop --dropout"},
       {{"--footprint", "--heads", "2", "--check"}, "--footprint prints a memory table of --seq, --seq-q, --seq-k, "
                                                    "--dim, --tile and --budget: drop --heads, --check"},
       {{"--seq", "16", "--dim", "4", "--bench-against", "3pass"}, "--bench-against needs --bench"},

@@ -3,7 +3,8 @@
 // (tiles of 1, tails, a single tile, tiles larger than N), each variant against step 1 in fp64; the merge's
 // algebra; huge logits and masked rows; every variant through the harness's check with all features;
 // both orders of the tiled backward (kv-outer, q-outer) against step 1's backward in fp64.
-// The --trace golden file is checked by ctest (tests/CMakeLists.txt says how to regenerate it).
+// The golden files of the three traces are checked by ctest (tests/CMakeLists.txt says how to regenerate them);
+// here, that every trace agrees with step 1 whatever the seed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -221,6 +222,22 @@ TEST(Step2, FootprintShowsTheFourfoldReduction) {
   EXPECT_NE(t.find("3pass   total                                              1026"), std::string::npos) << t;
   EXPECT_NE(t.find("online  total                                               258"), std::string::npos) << t;
   EXPECT_NE(t.find("0.25x of 3pass"), std::string::npos) << t;
+}
+
+// Every trace ends by comparing with step 1 ("... < 1e-6: yes"); the golden files fix seed 0, this any seed.
+TEST(Step2, EveryTraceAgreesWithStep1ForAnySeed) {
+  auto count = [](const std::string& t, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = t.find(what); at != std::string::npos; at = t.find(what, at + 1)) ++n;
+    return n;
+  };
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    const std::string fa2 = step2::trace(seed), fa1 = step2::trace_fa1(seed), bwd = step2::trace_backward(seed);
+    EXPECT_EQ(count(fa2, ": yes\n"), 3u) << "seed " << seed << "\n" << fa2;  // no mask, causal, split-KV
+    EXPECT_EQ(count(fa1, ": yes\n"), 1u) << "seed " << seed << "\n" << fa1;  // dropout
+    EXPECT_EQ(count(bwd, ": yes\n"), 2u) << "seed " << seed << "\n" << bwd;  // no mask, causal
+    for (const std::string* t : {&fa2, &fa1, &bwd}) EXPECT_EQ(count(*t, "NO\n"), 0u) << "seed " << seed;
+  }
 }
 
 // ---- the tiled backward ----------------------------------------------------------------------------
