@@ -19,9 +19,9 @@
 //   S_i^(j) = Q_i K_j^T;  m_i^(j) = max(m_i^(j-1), rowmax(S_i^(j)));  P_i^(j) = exp(S_i^(j) - m_i^(j))
 //   l_i^(j) = e^(m_i^(j-1) - m_i^(j)) l_i^(j-1) + rowsum(P_i^(j));  O_i^(j) = e^(..) O_i^(j-1) + P_i^(j) V_j
 //   and at the end O_i = O_i / l_i, LSE_i = m_i + log(l_i)   (the scale is folded into exp2, softmax.h).
-// The building blocks this kernel introduces live in files of their own, which step 5 includes:
-//   ring.cuh (the TMA ring), fragments.cuh (swizzle, ldmatrix loaders, P-to-A), scheduler.cuh (which tile),
-//   mask.h, dropout.cuh, softmax.h (the online softmax on fragments); kernel_traits.h (tiles, shared memory).
+// Its building blocks live in files of their own, which step 5 includes: ring.cuh (the TMA ring, new in
+//   4d); fragments.cuh (layouts, ldmatrix loaders, P-to-A), scheduler.cuh (which tile), mask.h, dropout.cuh
+//   and softmax.h (the online softmax on fragments), all from 4a; kernel_traits.h (tiles, shared memory).
 // Limits: d = 64 or 128, bf16/fp16, scale > 0; every warp reads the whole K and V tile from shared memory
 // (the cost of 16-row warp tiles with mma.sync); no warp specialisation (sm_120 has no setmaxnreg).
 #pragma once
