@@ -46,6 +46,7 @@ struct Configs {
                          Fwd<FwdTiles{.Br = 64, .Bc = 64, .stages = 3}>,   //
                          Fwd<FwdTiles{.Br = 64, .Bc = 128, .stages = 2}>,  //
                          Fwd<FwdTiles{.Br = 64, .Bc = 64, .stages = 2, .layout = SmemLayout::kPlain}>,  //
+                         Fwd<FwdTiles{.Br = 128, .Bc = 128, .stages = 2, .head_fast = true}>,          //
                          Fwd<substep(k64, Substep::k4a)>, Fwd<substep(k64, Substep::k4b)>,             //
                          Fwd<substep(k64, Substep::k4c)>,                                              //
                          Fwd<substep(k128, Substep::k4a)>, Fwd<substep(k128, Substep::k4b)>,           //

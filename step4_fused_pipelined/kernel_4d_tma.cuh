@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const QueryTileWork w(p, Br, Bc);  // which query tile, which K/V tiles (scheduler.cuh)
+  const QueryTileWork w(p, Br, Bc, Tr::kOrder);  // which query tile, which K/V tiles (scheduler.cuh)
 
   // One thread issues every TMA copy: K (or V) tile n into its ring's slot.
   auto load_k = [&](int n) {

@@ -35,12 +35,17 @@ enum class TileCopy {
   kTma,      // one thread issues TMA bulk copies; mbarriers say when they landed (4d, the default)
 };
 
+// The order of the blocks (scheduler.cuh): query tiles of one head are neighbours (the default), or
+// heads are (the ablation).
+enum class TileOrder { kTileFast, kHeadFast };
+
 struct FwdTiles {
   int Br = 64;
   int Bc = 64;
   int stages = 2;
   SmemLayout layout = SmemLayout::kSwizzle;
   TileCopy copy = TileCopy::kTma;
+  bool head_fast = false;  // the block-order ablation (scheduler.cuh, TileOrder::kHeadFast)
 };
 
 // "Br64-Bc64-W4-S2" (4d, TMA), "4a-Br64-Bc64-W4-padded", "4c-Br64-Bc64-W4-S2": what --variant and step 6's
@@ -52,7 +57,8 @@ inline std::string tiles_name(const FwdTiles& t) {
   const std::string layout = t.layout == SmemLayout::kPadded ? "-padded"
                              : t.layout == SmemLayout::kPlain ? "-noswizzle" : "";
   return label + "Br" + std::to_string(t.Br) + "-Bc" + std::to_string(t.Bc) + "-W" + std::to_string(t.Br / 16) +
-         (t.copy == TileCopy::kThreads ? "" : "-S" + std::to_string(t.stages)) + layout;
+         (t.copy == TileCopy::kThreads ? "" : "-S" + std::to_string(t.stages)) + layout +
+         (t.head_fast ? "-headfast" : "");
 }
 
 // The alignment slack of every kernel with swizzled tiles: fragments.cuh's align_1024 moves the dynamic
@@ -65,6 +71,7 @@ struct FwdTraits {
   static constexpr int D = D_, Br = kTiles.Br, Bc = kTiles.Bc, kStages = kTiles.stages;
   static constexpr SmemLayout kLayout = kTiles.layout;
   static constexpr TileCopy kCopy = kTiles.copy;
+  static constexpr TileOrder kOrder = kTiles.head_fast ? TileOrder::kHeadFast : TileOrder::kTileFast;
   static constexpr int kWarps = Br / 16;           // each warp owns 16 query rows: one m16 tile of mma.sync
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPanelCols = 64;            // 64 x 16-bit = 128 bytes: one row of a swizzle panel

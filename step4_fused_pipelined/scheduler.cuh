@@ -5,11 +5,13 @@
 // mask the rows of the last tiles see the most keys (bottom-right alignment), so the tile order is
 // reversed: the longest blocks start first and the short ones fill the tail. A block visits the K/V tiles
 // its rows see: all of K, or (causal) up to the diagonal of its last row. Step 5's dQ kernel walks the
-// same schedule.
+// same schedule. The ablation TileOrder::kHeadFast makes the head the fast index instead: the blocks in
+// flight then read as many different heads' K/V as there are blocks (docs/results/step4.md, row 14).
 #pragma once
 #include <cstdint>
 
 #include "gpu/gpu_runner.h"
+#include "step4_fused_pipelined/kernel_traits.h"
 
 namespace fa::step4 {
 
@@ -18,10 +20,14 @@ struct QueryTileWork {
   int m0;               // first query row of the tile
   int n_tiles;          // K/V tiles of Bc keys the tile's rows see
 
-  __device__ QueryTileWork(const AttnParams& p, int Br, int Bc) {
+  __device__ QueryTileWork(const AttnParams& p, int Br, int Bc, TileOrder order = TileOrder::kTileFast) {
     const int num_m = (p.Nq + Br - 1) / Br;
     int m_block = blockIdx.x % num_m;
     bh = blockIdx.x / num_m;
+    if (order == TileOrder::kHeadFast) {
+      m_block = blockIdx.x / (p.B * p.Hq);
+      bh = blockIdx.x % (p.B * p.Hq);
+    }
     if (p.causal) m_block = num_m - 1 - m_block;
     h = bh % p.Hq;
     b = bh / p.Hq;
