@@ -44,6 +44,20 @@ DEFAULT_CONFIGURATION_OF = {
 }
 
 
+# The decode sweep (plot_decode.py) has one line per implementation and batch size B: colour and line say
+# the stage or peer, as in every plot; the marker says B. Runs of one stage with different --stage-flags
+# (split-KV's --splits N) keep its colour and take these lines in turn ("--" is the peers').
+DECODE_BATCH_MARKERS = {1: "o", 8: "s", 64: "D"}
+OTHER_BATCH_MARKERS = ["^", "v", "P", "X"]
+DECODE_FLAG_LINES = ["-", "-.", ":", (0, (5, 1, 1, 1, 1, 1))]
+
+
+def batch_marker(b, batches):
+    """The marker of batch size b; sizes outside DECODE_BATCH_MARKERS take the others in order."""
+    others = [x for x in sorted(batches) if x not in DECODE_BATCH_MARKERS]
+    return DECODE_BATCH_MARKERS.get(b) or OTHER_BATCH_MARKERS[others.index(b) % len(OTHER_BATCH_MARKERS)]
+
+
 def stage_color(name):
     return STAGE_COLORS.get(name, OTHER_STAGE_COLOR)
 

@@ -291,6 +291,8 @@ def main():
     ap.add_argument("--update-readme", metavar="FILE", help="rewrite FILE's results table instead of plotting")
     a = ap.parse_args()
     data = load(a.json)
+    if data.get("sweep") == "decode":  # GB/s against Nk, not TFLOP/s against N: another plot
+        sys.exit(f"plot.py: {a.json} is a decode sweep (sweep.py --decode): use docs/bench/plot_decode.py")
     if a.table or a.update_readme:
         base = os.path.dirname(os.path.abspath(a.update_readme)) if a.update_readme else os.getcwd()
         text = tables(data, os.path.relpath(os.path.abspath(a.json), base))
