@@ -52,6 +52,7 @@ void Problem::validate() const {
   // units, which is right only for a positive scale; inf or NaN would turn every row into NaN).
   if (!(scale > 0.0f && std::isfinite(scale)))
     fail("scale must be a positive finite number (got " + number_str(scale) + ")");
+  if (splits < 0 || splits > 1024) fail("splits must be in 0 .. 1024 (0: chosen from the shape; got " + std::to_string(splits) + ")");
   // Counted in double: the product of four large flags would overflow int64_t and could pass as small.
   const double max_elements = double(int64_t(1) << 34);
   if (double(B) * double(Hq) * double(Nq) * double(d) > max_elements ||
@@ -65,6 +66,7 @@ std::string Problem::describe() const {
     << " " << dtype_name(dtype) << (causal ? " causal input_pos=" + std::to_string(input_pos) : "")
     << " scale=" << scale;
   if (dropout > 0) s << " dropout=" << dropout << " seed=" << seed;
+  if (splits > 0) s << " splits=" << splits;
   if (backward) s << " +backward";
   return s.str();
 }

@@ -29,6 +29,7 @@ struct Problem {
   float dropout = 0.0f;  // probability of dropping a weight
   uint64_t seed = 0;     // seeds the inputs and the dropout mask
   bool backward = false;
+  int64_t splits = 0;    // split-KV: key ranges per head processed in parallel (0: chosen from the shape)
 
   int64_t group() const { return Hq / Hkv; }  // query heads per KV head (GQA)
   // Forward FLOPs: two matrix products of 2*Nq*Nk*d each per head, halved when causal (the convention of

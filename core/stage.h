@@ -62,6 +62,7 @@ struct Stage {
   std::string title;        // one line for tables
   const Platform* platform = nullptr;  // the GPU a stage needs, or nullptr for a CPU stage
   bool has_backward = false;
+  bool has_splits = false;  // takes --splits (split-KV decoding: step 4's forward)
   // Stages that run another stage's kernels for a pass name it here (step 5's forward is step 4's), so a
   // test grid checks those kernels once, under the stage that owns them.
   std::string forward_from, backward_from;

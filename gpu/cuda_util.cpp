@@ -80,8 +80,10 @@ DeviceBuffer upload(const Tensor& x, DType t) {
     return b;
   }
   std::vector<uint16_t> h(x.size());
-  for (size_t i = 0; i < x.size(); ++i)
-    h[i] = t == DType::bf16 ? float_to_bf16_bits(x.data[i]) : float_to_fp16_bits(x.data[i]);
+  const int64_t n = int64_t(x.size());
+#pragma omp parallel for schedule(static)  // a decode problem's KV cache has billions of elements
+  for (int64_t i = 0; i < n; ++i)
+    h[size_t(i)] = t == DType::bf16 ? float_to_bf16_bits(x.data[size_t(i)]) : float_to_fp16_bits(x.data[size_t(i)]);
   CUDA_CHECK(cudaMemcpy(b.get(), h.data(), b.bytes(), cudaMemcpyHostToDevice));
   return b;
 }

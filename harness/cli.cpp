@@ -63,6 +63,10 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
       ->check(whole_number(0, std::numeric_limits<uint64_t>::max()));
   app.add_flag("--backward", p.backward, "also run the backward pass (stages that have one)");
   app.add_option("--variant", o.variant, "stage variant (see the stage's README)");
+  app.add_option("--splits", p.splits,
+                 "split-KV: the key range of each head split among this many blocks, merged at the end "
+                 "(stages with a decoding path; 0 = chosen from the shape and the GPU)")
+      ->capture_default_str();
   app.add_option("--inputs", o.inputs_dir,
                  "read q.npy, k.npy, v.npy (and do.npy) float32 from DIR; they set the shape");
   app.add_option("--dump", o.dump_dir, "write o.npy, lse.npy (and dq/dk/dv, dropout_mask) to DIR");
@@ -146,6 +150,8 @@ void check_common_flags(const Stage& s, const CommonOptions& o) {
   for (const std::string& v : {o.variant, o.bench_against})
     if (!v.empty() && !known(v)) throw std::invalid_argument(s.name + " has no variant '" + v + "'");
   if (o.problem.backward && !s.has_backward) throw std::invalid_argument(s.name + " has no backward pass (--backward)");
+  if (o.problem.splits > 0 && !s.has_splits)
+    throw std::invalid_argument(s.name + " has no split-KV path (--splits): step 4's forward has");
   if (o.tuned && s.tuning_variants.empty())
     throw std::invalid_argument(s.name + " has no configurations to tune (--tuned)");
   if (o.tuned && !o.tuner)

@@ -33,6 +33,10 @@ struct Configs {
   using Sm120 = Fwd<kSm120>;
   static_assert(kFwdSmemBytes<Sm120> <= kSm120SmemBytes,
                 "the sm_120 default must fit in sm_120's 99 KB of shared memory per block");
+  // Decoding (a head's queries fill less than a tile, or --splits): 4e, split-KV, on either architecture.
+  static constexpr FwdTiles kDecode{.Br = 64, .Bc = 64, .stages = 2, .split_kv = true};
+  using Decode = Fwd<kDecode>;
+  static_assert(kFwdSmemBytes<Decode> <= kSm120SmemBytes, "the decoding kernel must fit sm_120's 99 KB too");
   static constexpr FwdTiles k64{.Br = 64, .Bc = 64}, k128{.Br = 128, .Bc = 128};
   static_assert((kSm90.Br == k64.Br || kSm90.Br == k128.Br) && kSm120.Br == k64.Br,
                 "the sub-steps are compiled at 64 x 64 and 128 x 128 tiles: the defaults' tiles");
@@ -47,6 +51,7 @@ struct Configs {
                          Fwd<FwdTiles{.Br = 64, .Bc = 128, .stages = 2}>,  //
                          Fwd<FwdTiles{.Br = 64, .Bc = 64, .stages = 2, .layout = SmemLayout::kPlain}>,  //
                          Fwd<FwdTiles{.Br = 128, .Bc = 128, .stages = 2, .head_fast = true}>,          //
+                         Decode,                                                                       //
                          Fwd<substep(k64, Substep::k4a)>, Fwd<substep(k64, Substep::k4b)>,             //
                          Fwd<substep(k64, Substep::k4c)>,                                              //
                          Fwd<substep(k128, Substep::k4a)>, Fwd<substep(k128, Substep::k4b)>,           //

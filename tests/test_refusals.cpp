@@ -125,6 +125,8 @@ TEST(Refusals, FlagsTheRunWouldIgnore) {
           {{"--seq", "8", "--bench-against", "x"}, "--bench-against needs --bench"},
           {{"--list-variants", "--seq", "5"}, "--list-variants prints the stage's names and runs nothing: drop --seq"},
           {{"--seq", "8", "--variant", "nope"}, "step1_cpu_reference has no variant 'nope'"},
+          {{"--seq", "8", "--splits", "2"}, "step1_cpu_reference has no split-KV path (--splits)"},
+          {{"--seq", "8", "--splits", "-1"}, "splits must be in 0 .. 1024"},
       });
 }
 

@@ -1,0 +1,221 @@
+// FlashAttention, step by step — step 4e: split-KV for decoding (step4_fused_pipelined/kernel_4e_split_kv.cuh)
+//
+// What it adds over 4d (kernel_4d_tma.cuh): decoding, a few new query rows against a long KV cache. 4d gives
+// one block to each (query tile, head); with Nq = 1 and B * Hq = 32 that is 32 blocks for 132 SMs, each
+// computing a 64-row tile for one real row. Two changes fix both (FlashAttention's flash-decoding):
+//  - split-KV: the K/V tiles a block would walk are divided among `splits` blocks (grid.y). Each writes
+//    its partial result, O normalised by its own l and its LSE, to a workspace, and combine.cuh merges the
+//    splits with step 2's merge of online-softmax states (core/online_softmax.h, merge_states): the same
+//    function, on the GPU. A split that sees no key (causal, or past the end) writes the merge's identity,
+//    LSE = -inf and O = 0;
+//  - grouped query heads packed (kPacked): the g query heads that share a KV head are consecutive in
+//    [B, Hq, Nq, d], so Q and O seen as [B * Hkv, g * Nq, d] put all g * Nq rows of a group in one tile, and
+//    each K/V tile is read once per group instead of once per query head. A row r of such a tile is query
+//    row r % Nq of head r / Nq of its group: the causal mask uses that position.
+// Everything else is 4d's kernel: the TMA ring, the swizzled tiles, mma.sync, the online softmax.
+// Equations: split s of a row ends with the state (m_s, l_s, acc_s) of FlashAttention-2, Algorithm 1 over
+// its keys; the merge (m, l, acc) (+) (m', l', acc') = (max, e^(m - max) l + e^(m' - max) l', ...) of all
+// splits, in any order, is the state over all keys. Stored as (LSE_s, O_s) = (m_s + log l_s, acc_s / l_s),
+// which is the state (LSE_s, 1, O_s).
+// A warp whose rows all lie past the last row (most of a tile, at decode) skips the math.
+// Limits: no dropout with packed heads (a tile's rows would need per-row dropout heads; the launcher packs
+// only without dropout); the workspace costs splits x B x Hq x Nq x (d + 1) floats.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "gpu/gpu_runner.h"
+#include "gpu/ptx.h"
+#include "step4_fused_pipelined/dropout.cuh"
+#include "step4_fused_pipelined/fragments.cuh"
+#include "step4_fused_pipelined/kernel_traits.h"
+#include "step4_fused_pipelined/mask.h"
+#include "step4_fused_pipelined/ring.cuh"
+#include "step4_fused_pipelined/scheduler.cuh"
+#include "step4_fused_pipelined/softmax.h"
+
+namespace fa::step4 {
+
+// What a split needs beside the problem.
+struct SplitParams {
+  AttnParams view;      // p itself, or (packed) p seen as [B * Hkv, g * Nq, d]: Hq = Hkv, Nq = g * Nq, group = 1
+  float* o_part;        // [splits, B * Hq * Nq, d]   each split's O, normalised by its own l
+  float* lse_part;      // [splits, B * Hq * Nq]      each split's LSE; -inf: the split saw no key
+  int64_t rows_total;   // B * Hq * Nq
+  int tiles_per_split;  // K/V tiles of Bc keys per split
+};
+
+// The scores of keys a row does not see set to -inf, for a thread whose rows g and g + 8 are query rows i0
+// and i8 (mask.h's apply_mask, with each row's position given: packed rows are not consecutive positions).
+template <int NT>
+__device__ __forceinline__ void mask_rows(float (&s)[NT][4], int i0, int i8, int key_2t, const AttnParams& p) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = key_2t + nt * 8 + (e & 1);
+      if (j >= p.Nk || !sees(p.causal, p.input_pos, e < 2 ? i0 : i8, j)) s[nt][e] = -INFINITY;
+    }
+}
+
+// grid = (ceil(view Nq / Br) * view Hq * B, splits), block = 32 * kWarps threads, shared memory kFwdSmemBytes<Tr>.
+template <class Tr, bool kDropout, bool kPacked>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    split_kv_forward(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                     const __grid_constant__ CUtensorMap tm_v, const AttnParams p, const SplitParams sp) {
+  static_assert(!(kDropout && kPacked), "dropout draws per (head, row): packed tiles mix heads");
+  using T = typename Tr::T;
+  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
+  constexpr SmemLayout kL = Tr::kLayout;
+  constexpr int kQSteps = D / 16;  // k16 steps of Q K^T
+  constexpr int kSTiles = Bc / 8;  // n8 tiles of S
+  constexpr int kOTiles = D / 8;   // n8 tiles of O
+
+  extern __shared__ uint8_t smem_raw[];
+  FwdSmem<Tr>& sm = *reinterpret_cast<FwdSmem<Tr>*>(align_1024(smem_raw));
+  const TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const QueryTileWork w(sp.view, Br, Bc);  // which tile of the view (scheduler.cuh); its n_tiles is not used
+  auto pos = [&](int r) { return kPacked ? r % p.Nq : r; };  // the query row (position - input_pos) of tile row r
+  // The K/V tiles the tile's rows see (causal: up to the latest row's diagonal), and this split's share.
+  const int last_row = min(w.m0 + Br, sp.view.Nq) - 1;
+  const int last_i = kPacked && last_row / p.Nq != w.m0 / p.Nq ? p.Nq - 1 : pos(last_row);
+  const int64_t last_key = p.causal ? min(int64_t(p.Nk) - 1, p.input_pos + last_i) : int64_t(p.Nk) - 1;
+  const int n_all = last_key < 0 ? 0 : int(last_key / Bc) + 1;
+  const int n_begin = blockIdx.y * sp.tiles_per_split;            // this split's first K/V tile
+  const int n_tiles = max(0, min(n_all, n_begin + sp.tiles_per_split) - n_begin);
+
+  // One thread issues every TMA copy: K (or V) tile n_begin + n into its ring's slot n.
+  auto load_k = [&](int n) {
+    uint64_t* bar = k_ring.expect(n, Tr::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.k[0] + (k_ring.slot(n) * kPanels + c) * Bc * 64, &tm_k, c * 64, (n_begin + n) * Bc, w.bh_kv, bar);
+  };
+  auto load_v = [&](int n) {
+    uint64_t* bar = v_ring.expect(n, Tr::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.v[0] + (v_ring.slot(n) * kPanels + c) * Bc * 64, &tm_v, c * 64, (n_begin + n) * Bc, w.bh_kv, bar);
+  };
+  // The producer, in iteration n >= 1: K and V tile n + kStages - 1 into the slots of tile n - 1, which every
+  // warp released in its previous iteration (K after its Q K^T, V after its P V).
+  auto refill = [&](int n) {
+    k_ring.refill(n, n_tiles, load_k);
+    v_ring.refill(n, n_tiles, load_v);
+  };
+
+  // ---- prologue: barriers, then Q and the first kStages tiles of K and of V in flight -----------------
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(&sm.q_full, 1);
+    k_ring.init(Tr::kWarps);
+    v_ring.init(Tr::kWarps);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
+  if (threadIdx.x == 0) {
+    ptx::mbar_arrive_expect_tx(&sm.q_full, uint32_t(Tr::kQBytes));
+#pragma unroll
+    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.q + c * Br * 64, &tm_q, c * 64, w.m0, w.bh, &sm.q_full);
+    for (int n = 0; n < kStages && n < n_tiles; ++n) {
+      load_k(n);
+      load_v(n);
+    }
+  }
+
+  // Q: shared -> registers, once. Warp w reads rows 16w .. 16w+15 as A fragments of every k16 step.
+  ptx::mbar_wait(&sm.q_full, 0);
+  uint32_t q[kQSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < kQSteps; ++kk) load_a<Br, kL>(q[kk], ptx::smem_u32(sm.q), 16 * warp, kk);
+
+  // ---- main loop over K/V tiles -----------------------------------------------------------------------
+  float o[kOTiles][4] = {};  // O accumulators: rows g, g+8; columns nd*8 + 2t, +1
+  RowSoftmax<kSTiles, kOTiles> softmax;
+  const int row_g = w.m0 + 16 * warp + g;  // tile row (of the view) of this thread's row g
+  const int r_warp = w.m0 + 16 * warp;     // the warp's first row; the earliest position among its rows:
+  const int i_warp = kPacked && r_warp % p.Nq + 15 >= p.Nq ? 0 : pos(r_warp);
+
+  // Decoding leaves warps with no row at all (g * Nq = 4 rows fill a quarter of warp 0): they compute nothing,
+  // but still wait for every tile and release it, since the ring counts every warp's release (and waiting for
+  // the full barrier keeps their arrivals in the right phase of the empty one).
+  const bool idle = r_warp >= sp.view.Nq;
+
+  for (int n = 0; n < n_tiles; ++n) {
+    if constexpr (kStages == 1) refill(n);  // one slot: tile n can only be loaded once n-1 is released
+    if (idle) {  // never warp 0, whose thread 0 is the producer
+      k_ring.wait(n);
+      k_ring.release(n);
+      v_ring.wait(n);
+      v_ring.release(n);
+      continue;
+    }
+
+    // Dropout's keep mask of this tile depends on positions only: drawn here, where S is not yet live.
+    DropoutMask keep{};
+    if constexpr (kDropout) keep = DropoutMask::draw<kSTiles>(p.dropout, w.b, w.h, row_g, (n_begin + n) * Bc + 2 * t);
+
+    // S = Q K^T: [16 rows, Bc keys] per warp. One ldmatrix.x4 gives the B fragments of two n8 tiles.
+    float s[kSTiles][4] = {};
+    k_ring.wait(n);  // K tile n has landed
+    const uint32_t k_base = ptx::smem_u32(sm.k[k_ring.slot(n)]);
+#pragma unroll
+    for (int kk = 0; kk < kQSteps; ++kk)
+#pragma unroll
+      for (int np = 0; np < kSTiles / 2; ++np) {
+        uint32_t kb[4];
+        load_b<Bc, kL>(kb, k_base, np * 16, kk);
+        ptx::mma_16816<T>(s[2 * np], q[kk], {kb[0], kb[1]});
+        ptx::mma_16816<T>(s[2 * np + 1], q[kk], {kb[2], kb[3]});
+      }
+    k_ring.release(n);
+
+    if constexpr (kStages > 1) refill(n);  // after this warp's Q K^T: the other warps are likely done with n-1
+
+    // Mask only where needed: the tail of K, or a tile that crosses the diagonal of this warp's earliest row.
+    const int key0 = (n_begin + n) * Bc;
+    if (keys_need_mask(p, p.input_pos + i_warp, key0, Bc)) mask_rows(s, pos(row_g), pos(row_g + 8), key0 + 2 * t, p);
+
+    softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
+    if constexpr (kDropout) keep.apply(s, p.dropout.keep_scale);
+
+    // P: fp32 C fragments of two n8 tiles = one 16-bit A fragment of a k16 step of P V.
+    uint32_t pa[Bc / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) acc_to_a<T>(pa[kk], s, kk);
+
+    // O += P V: V's rows are keys (the k dimension), so ldmatrix.trans turns them into B fragments.
+    v_ring.wait(n);  // V tile n has landed
+    const uint32_t v_base = ptx::smem_u32(sm.v[v_ring.slot(n)]);
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk)
+#pragma unroll
+      for (int np = 0; np < kOTiles / 2; ++np) {
+        uint32_t vb[4];
+        load_b_trans<Bc, kL>(vb, v_base, kk, np * 16);
+        ptx::mma_16816<T>(o[2 * np], pa[kk], {vb[0], vb[1]});
+        ptx::mma_16816<T>(o[2 * np + 1], pa[kk], {vb[2], vb[3]});
+      }
+
+    v_ring.release(n);
+  }
+
+  // ---- epilogue: this split's partial result, O normalised by its own l and the LSE, to the workspace -----
+  // (a split with no key leaves l = 0: O = 0 and LSE = -inf, the identity of the merge in combine.cuh)
+  float inv_l[2], lse[2];
+  softmax.finish(inv_l, lse, p.scale_log2);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_g + 8 * r;
+    if (row >= sp.view.Nq) continue;  // a padding row of the last tile
+    // Row `row` of view head w.bh is row w.bh * view Nq + row of [B, Hq, Nq]: the packed view is a reshape.
+    const int64_t flat = int64_t(blockIdx.y) * sp.rows_total + int64_t(w.bh) * sp.view.Nq + row;
+    float* o_out = sp.o_part + flat * D;
+#pragma unroll
+    for (int nd = 0; nd < kOTiles; ++nd)
+      *reinterpret_cast<float2*>(o_out + nd * 8 + 2 * t) = make_float2(o[nd][2 * r] * inv_l[r], o[nd][2 * r + 1] * inv_l[r]);
+    if (t == 0) sp.lse_part[flat] = lse[r];
+  }
+}
+
+}  // namespace fa::step4
