@@ -16,7 +16,8 @@
 //   load_b        B fragments, n = tile rows, k = head dim (no .trans)   (K in S = Q K^T)
 //   load_b_trans  B fragments, k = tile rows, n = head dim (.trans)      (V in O += P V)
 // and acc_to_a turns fp32 C fragments into the A fragment of the next product (P in O += P V) without a
-// trip through shared memory. Step 5 reads every operand of the backward with these.
+// trip through shared memory; warp_qk and warp_pv are a warp's two products of the forward, built on them.
+// Step 5 reads every operand of the backward with the loaders.
 #pragma once
 #include <cstdint>
 
@@ -79,6 +80,37 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c)[NT][
   a[1] = ptx::pack2<T>(c[2 * kk][2], c[2 * kk][3]);
   a[2] = ptx::pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
   a[3] = ptx::pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// S [16, Bc] += Q K^T for one warp: its Q rows as A fragments (qa, every k16 step of d) against the K tile
+// [Bc, D] at k_base. For S = Q K^T, B[k][n] = K[key n][dim k]: a plain ldmatrix.x4 of key rows gives the B
+// fragments of two n8 tiles (16 keys), each feeding one mma.
+template <typename T, int Bc, int D, SmemLayout L>
+__device__ __forceinline__ void warp_qk(float (&s)[Bc / 8][4], const uint32_t (&qa)[D / 16][4], uint32_t k_base) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+    for (int np = 0; np < Bc / 16; ++np) {
+      uint32_t kb[4];
+      load_b<Bc, L>(kb, k_base, np * 16, kk);
+      ptx::mma_16816<T>(s[2 * np], qa[kk], {kb[0], kb[1]});
+      ptx::mma_16816<T>(s[2 * np + 1], qa[kk], {kb[2], kb[3]});
+    }
+}
+
+// O [16, D] += P V for one warp: P as A fragments (pa, every k16 step of the Bc keys) against the V tile
+// [Bc, D] at v_base. V's rows are keys (the k dimension), so ldmatrix.trans turns them into B fragments.
+template <typename T, int Bc, int D, SmemLayout L>
+__device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const uint32_t (&pa)[Bc / 16][4], uint32_t v_base) {
+#pragma unroll
+  for (int kk = 0; kk < Bc / 16; ++kk)
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+      uint32_t vb[4];
+      load_b_trans<Bc, L>(vb, v_base, kk, np * 16);
+      ptx::mma_16816<T>(o[2 * np], pa[kk], {vb[0], vb[1]});
+      ptx::mma_16816<T>(o[2 * np + 1], pa[kk], {vb[2], vb[3]});
+    }
 }
 
 }  // namespace fa::step4

@@ -95,18 +95,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) forward_4a(const AttnParams p
     DropoutMask keep{};
     if constexpr (kDropout) keep = DropoutMask::draw<kSTiles>(p.dropout, w.b, w.h, row_g, n * Bc + 2 * t);
 
-    // S = Q K^T: [16 rows, Bc keys] per warp. One ldmatrix.x4 gives the B fragments of two n8 tiles.
+    // S = Q K^T: [16 rows, Bc keys] per warp (fragments.cuh).
     float s[kSTiles][4] = {};
     const uint32_t k_base = ptx::smem_u32(sm.k[0]);
-#pragma unroll
-    for (int kk = 0; kk < kQSteps; ++kk)
-#pragma unroll
-      for (int np = 0; np < kSTiles / 2; ++np) {
-        uint32_t kb[4];
-        load_b<Bc, kL>(kb, k_base, np * 16, kk);
-        ptx::mma_16816<T>(s[2 * np], qa[kk], {kb[0], kb[1]});
-        ptx::mma_16816<T>(s[2 * np + 1], qa[kk], {kb[2], kb[3]});
-      }
+    warp_qk<T, Bc, D, kL>(s, qa, k_base);
 
     // Mask only where needed: the tail of K, or a tile that crosses this warp's diagonal.
     const int key0 = n * Bc;
@@ -120,17 +112,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) forward_4a(const AttnParams p
 #pragma unroll
     for (int kk = 0; kk < Bc / 16; ++kk) acc_to_a<T>(pa[kk], s, kk);
 
-    // O += P V: V's rows are keys (the k dimension), so ldmatrix.trans turns them into B fragments.
+    // O += P V: [16 rows, D] per warp (fragments.cuh).
     const uint32_t v_base = ptx::smem_u32(sm.v[0]);
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk)
-#pragma unroll
-      for (int np = 0; np < kOTiles / 2; ++np) {
-        uint32_t vb[4];
-        load_b_trans<Bc, kL>(vb, v_base, kk, np * 16);
-        ptx::mma_16816<T>(o[2 * np], pa[kk], {vb[0], vb[1]});
-        ptx::mma_16816<T>(o[2 * np + 1], pa[kk], {vb[2], vb[3]});
-      }
+    warp_pv<T, Bc, D, kL>(o, pa, v_base);
   }
 
   // ---- epilogue: normalise; each thread stores its own elements of O straight to global memory ----------

@@ -155,19 +155,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     DropoutMask keep{};
     if constexpr (kDropout) keep = DropoutMask::draw<kSTiles>(p.dropout, w.b, w.h, row_g, (n_begin + n) * Bc + 2 * t);
 
-    // S = Q K^T: [16 rows, Bc keys] per warp. One ldmatrix.x4 gives the B fragments of two n8 tiles.
+    // S = Q K^T: [16 rows, Bc keys] per warp (fragments.cuh).
     float s[kSTiles][4] = {};
     k_ring.wait(n);  // K tile n has landed
     const uint32_t k_base = ptx::smem_u32(sm.k[k_ring.slot(n)]);
-#pragma unroll
-    for (int kk = 0; kk < kQSteps; ++kk)
-#pragma unroll
-      for (int np = 0; np < kSTiles / 2; ++np) {
-        uint32_t kb[4];
-        load_b<Bc, kL>(kb, k_base, np * 16, kk);
-        ptx::mma_16816<T>(s[2 * np], q[kk], {kb[0], kb[1]});
-        ptx::mma_16816<T>(s[2 * np + 1], q[kk], {kb[2], kb[3]});
-      }
+    warp_qk<T, Bc, D, kL>(s, q, k_base);
     k_ring.release(n);
 
     if constexpr (kStages > 1) refill(n);  // after this warp's Q K^T: the other warps are likely done with n-1
@@ -184,18 +176,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < Bc / 16; ++kk) acc_to_a<T>(pa[kk], s, kk);
 
-    // O += P V: V's rows are keys (the k dimension), so ldmatrix.trans turns them into B fragments.
+    // O += P V: [16 rows, D] per warp (fragments.cuh).
     v_ring.wait(n);  // V tile n has landed
     const uint32_t v_base = ptx::smem_u32(sm.v[v_ring.slot(n)]);
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk)
-#pragma unroll
-      for (int np = 0; np < kOTiles / 2; ++np) {
-        uint32_t vb[4];
-        load_b_trans<Bc, kL>(vb, v_base, kk, np * 16);
-        ptx::mma_16816<T>(o[2 * np], pa[kk], {vb[0], vb[1]});
-        ptx::mma_16816<T>(o[2 * np + 1], pa[kk], {vb[2], vb[3]});
-      }
+    warp_pv<T, Bc, D, kL>(o, pa, v_base);
 
     v_ring.release(n);
   }
