@@ -188,6 +188,15 @@ Stage stage() {
   s.variants = {"auto", "sm90", "sm120", "4a-padded", "4b-swizzle", "4c-cp-async", "4d-tma", "4e-split-kv"};
   s.has_splits = true;
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});
+  // The chapter's sub-steps 4a-4c and the block-order ablation are lessons, slower than 4d by design: step 6
+  // does not spend time on them (the configuration test still checks every one).
+  s.tuning_exclusion = [](const std::string& config) -> std::string {
+    for (const char* lesson : {"4a-", "4b-", "4c-"})
+      if (config.rfind(lesson, 0) == 0) return "a sub-step of step 4's chapter, slower than 4d by design";
+    if (config.size() > 9 && config.compare(config.size() - 9, 9, "-headfast") == 0)
+      return "the block-order ablation of step 4's chapter";
+    return "";
+  };
   s.config_of = config_of;
   s.launch_shape = [](const Problem& p, const std::string& v) {
     Stage::LaunchShape shape;
