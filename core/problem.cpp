@@ -1,6 +1,8 @@
 // FlashAttention, step by step — core/problem.cpp
 #include "core/problem.h"
 
+#include "core/score_mod.h"
+
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -24,6 +26,16 @@ DType parse_dtype(const std::string& s) {
 }
 
 double Problem::flops_forward() const {
+  if (has_window()) {  // the pairs the mask leaves, row by row (causal and window together)
+    const ScoreMod m = score_mod_of(*this);
+    double pairs = 0;
+    for (int64_t i = 0; i < Nq; ++i) {
+      int64_t lo, hi;
+      visible_range(m, Nk, i, &lo, &hi);
+      if (hi >= lo) pairs += double(hi - lo + 1);
+    }
+    return 4.0 * double(B) * double(Hq) * pairs * double(d);
+  }
   const double f = 4.0 * double(B) * double(Hq) * double(Nq) * double(Nk) * double(d);
   return causal ? f / 2 : f;
 }
@@ -52,6 +64,11 @@ void Problem::validate() const {
   // units, which is right only for a positive scale; inf or NaN would turn every row into NaN).
   if (!(scale > 0.0f && std::isfinite(scale)))
     fail("scale must be a positive finite number (got " + number_str(scale) + ")");
+  if (!(softcap >= 0.0f && std::isfinite(softcap)))
+    fail("softcap must be a positive finite number, or 0 for none (got " + number_str(softcap) + ")");
+  if (window_left < -1 || window_right < -1)
+    fail("window sides must be -1 (unbounded) or a number of keys >= 0 (got " + std::to_string(window_left) + "," +
+         std::to_string(window_right) + ")");
   if (splits < 0 || splits > 1024) fail("splits must be in 0 .. 1024 (0: chosen from the shape; got " + std::to_string(splits) + ")");
   // Counted in double: the product of four large flags would overflow int64_t and could pass as small.
   const double max_elements = double(int64_t(1) << 34);
@@ -67,6 +84,10 @@ std::string Problem::describe() const {
     << " scale=" << scale;
   if (dropout > 0) s << " dropout=" << dropout << " seed=" << seed;
   if (splits > 0) s << " splits=" << splits;
+  if (has_window()) s << " window=" << window_left << "," << window_right << (causal ? "" : " input_pos=" + std::to_string(input_pos));
+  if (bias) s << " +bias";
+  if (alibi) s << " +alibi";
+  if (softcap > 0) s << " softcap=" << softcap;
   if (backward) s << " +backward";
   return s.str();
 }

@@ -30,10 +30,18 @@ struct Problem {
   uint64_t seed = 0;     // seeds the inputs and the dropout mask
   bool backward = false;
   int64_t splits = 0;    // split-KV: key ranges per head processed in parallel (0: chosen from the shape)
+  // Score modifiers and masks (core/score_mod.h, docs/conventions.md); all off by default.
+  bool bias = false;      // an additive bias [B or 1, Hq or 1, Nq, Nk] comes with the inputs (Inputs::bias)
+  bool alibi = false;     // ALiBi: the standard slopes of Hq heads, or Inputs::alibi_slopes
+  float softcap = 0.0f;   // s <- c * tanh(s / c); 0: off
+  int64_t window_left = -1, window_right = -1;  // sliding window around the diagonal; -1: unbounded
 
   int64_t group() const { return Hq / Hkv; }  // query heads per KV head (GQA)
+  bool has_window() const { return window_left >= 0 || window_right >= 0; }
+  bool has_score_mods() const { return bias || alibi || softcap > 0.0f || has_window(); }
   // Forward FLOPs: two matrix products of 2*Nq*Nk*d each per head, halved when causal (the convention of
-  // FlashAttention's benchmarks, whatever the kernel really skips). The backward counts 2.5x that.
+  // FlashAttention's benchmarks, whatever the kernel really skips); with a window, 4*d per visible (i, j)
+  // pair, counted exactly (FlashAttention's benchmark for windows). The backward counts 2.5x that.
   double flops_forward() const;
   double flops_backward() const { return 2.5 * flops_forward(); }
   // Throws std::invalid_argument with one clear sentence when the problem is malformed.

@@ -24,6 +24,8 @@ struct Inputs {
   Tensor q;     // [B, Hq, Nq, d]
   Tensor k, v;  // [B, Hkv, Nk, d]
   Tensor dout;  // [B, Hq, Nq, d], only for a backward run
+  Tensor bias;  // [B or 1, Hq or 1, Nq, Nk] float32, added to the scores; empty unless Problem::bias
+  Tensor alibi_slopes;  // [Hq] float32 with Problem::alibi; empty: the standard slopes (core/score_mod.h)
 };
 
 template <typename T>
@@ -31,6 +33,7 @@ struct OutputsT {
   TensorT<T> o;           // [B, Hq, Nq, d]
   TensorT<T> lse;         // [B, Hq, Nq], natural log; -inf for a row that sees no key
   TensorT<T> dq, dk, dv;  // like q, k, v; filled by a backward run
+  TensorT<T> dbias;       // like the bias (summed over its broadcast dims); a backward run with a bias
 };
 using Outputs = OutputsT<float>;
 
@@ -63,6 +66,7 @@ struct Stage {
   const Platform* platform = nullptr;  // the GPU a stage needs, or nullptr for a CPU stage
   bool has_backward = false;
   bool has_splits = false;  // takes --splits (split-KV decoding: step 4's forward)
+  bool has_score_mods = false;  // takes --bias, --alibi, --window, --softcap (core/score_mod.h)
   // Stages that run another stage's kernels for a pass name it here (step 5's forward is step 4's), so a
   // test grid checks those kernels once, under the stage that owns them.
   std::string forward_from, backward_from;

@@ -67,6 +67,15 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
                  "split-KV: the key range of each head split among this many blocks, merged at the end "
                  "(stages with a decoding path; 0 = chosen from the shape and the GPU)")
       ->capture_default_str();
+  app.add_option("--bias", o.bias_file,
+                 "add FILE (float32 .npy [B or 1, Hq or 1, Nq, Nk]) to the scores; -inf masks (stages with score "
+                 "modifiers)");
+  app.add_flag("--alibi", p.alibi, "ALiBi: add -slope_h * |j - (input_pos + i)|, the standard slopes of Hq heads");
+  app.add_option("--alibi-slopes", o.alibi_slopes_file,
+                 "with --alibi: read the slope of each query head from FILE (float32 .npy [Hq]) instead");
+  app.add_option("--window", o.window,
+                 "sliding window L,R: query i sees keys (input_pos + i) - L .. (input_pos + i) + R; -1 = unbounded");
+  app.add_option("--softcap", o.softcap, "softcap C > 0: scores become C * tanh(s / C)");
   app.add_option("--inputs", o.inputs_dir,
                  "read q.npy, k.npy, v.npy (and do.npy) float32 from DIR; they set the shape");
   app.add_option("--dump", o.dump_dir, "write o.npy, lse.npy (and dq/dk/dv, dropout_mask) to DIR");
@@ -152,6 +161,17 @@ void check_common_flags(const Stage& s, const CommonOptions& o) {
   if (o.problem.backward && !s.has_backward) throw std::invalid_argument(s.name + " has no backward pass (--backward)");
   if (o.problem.splits > 0 && !s.has_splits)
     throw std::invalid_argument(s.name + " has no split-KV path (--splits): step 4's forward has");
+  {  // score modifiers, named as given
+    std::string mods;
+    for (const auto& [flag, set] : {std::pair<const char*, bool>{"--bias", !o.bias_file.empty()},
+                                    {"--alibi", o.problem.alibi},
+                                    {"--alibi-slopes", !o.alibi_slopes_file.empty()},
+                                    {"--window", !o.window.empty()},
+                                    {"--softcap", o.softcap.has_value()}})
+      if (set) mods += (mods.empty() ? "" : ", ") + std::string(flag);
+    if (!mods.empty() && !s.has_score_mods)
+      throw std::invalid_argument(s.name + " has no score modifiers (" + mods + "): step 1's reference has");
+  }
   if (o.tuned && s.tuning_variants.empty())
     throw std::invalid_argument(s.name + " has no configurations to tune (--tuned)");
   if (o.tuned && !o.tuner)
@@ -200,6 +220,37 @@ static Tensor load_input(const std::string& dir, const std::string& name, DType 
   return t;
 }
 
+// Reads --bias FILE: float32 [B or 1, Hq or 1, Nq, Nk] for the resolved problem p; -inf is allowed (it
+// masks the key), NaN and +inf are not. Kept in float32, not rounded to the dtype: a bias is a score term.
+static Tensor load_bias(const std::string& path, const Problem& p) {
+  Tensor t = read_npy(path);
+  const std::vector<int64_t>& s = t.shape;
+  const bool fits = s.size() == 4 && (s[0] == p.B || s[0] == 1) && (s[1] == p.Hq || s[1] == 1) && s[2] == p.Nq &&
+                    s[3] == p.Nk;
+  if (!fits)
+    throw std::invalid_argument("--bias: " + path + " has shape " + shape_str(s) + "; this problem needs [" +
+                                std::to_string(p.B) + " or 1, " + std::to_string(p.Hq) + " or 1, " +
+                                std::to_string(p.Nq) + ", " + std::to_string(p.Nk) + "]");
+  for (size_t k = 0; k < t.size(); ++k)
+    if (std::isnan(t.data[k]) || t.data[k] == std::numeric_limits<float>::infinity())
+      throw std::invalid_argument("--bias: " + path + ": element " + index_str(s, k) + " is " +
+                                  (std::isnan(t.data[k]) ? "NaN" : "inf") + "; a bias must be finite or -inf");
+  return t;
+}
+
+// Reads --alibi-slopes FILE: float32 [Hq], every slope finite (FlashAttention's alibi_slopes of shape
+// (nheads,); a negative slope is allowed: it rewards distance, which is the caller's business).
+static Tensor load_slopes(const std::string& path, const Problem& p) {
+  Tensor t = read_npy(path);
+  if (t.shape != std::vector<int64_t>{p.Hq})
+    throw std::invalid_argument("--alibi-slopes: " + path + " has shape " + shape_str(t.shape) +
+                                "; this problem needs [" + std::to_string(p.Hq) + "] (one slope per query head)");
+  for (size_t k = 0; k < t.size(); ++k)
+    if (!std::isfinite(t.data[k]))
+      throw std::invalid_argument("--alibi-slopes: " + path + ": slope " + std::to_string(k) + " is not finite");
+  return t;
+}
+
 // The shape flags given beside --inputs, which the files override: "--seq, --dim", or "".
 static std::string shape_flags_given(const CommonOptions& o) {
   const std::pair<const char*, bool> flags[] = {
@@ -216,8 +267,28 @@ Inputs prepare_inputs(CommonOptions& o) {
   Problem& p = o.problem;
   p.dtype = parse_dtype(o.dtype);
   p.seed = o.seed.value_or(p.seed);
-  if (o.input_pos && !p.causal)
-    throw std::invalid_argument("--input-pos places the causal mask: add --causal, or drop --input-pos");
+  if (!o.window.empty()) {  // "L,R", each a whole number >= -1
+    const std::string& w = o.window;
+    const size_t comma = w.find(',');
+    int64_t lr[2] = {0, 0};
+    bool ok = comma != std::string::npos;
+    for (int k = 0; ok && k < 2; ++k) {
+      const char* first = w.data() + (k == 0 ? 0 : comma + 1);
+      const char* last = w.data() + (k == 0 ? comma : w.size());
+      const auto [stop, error] = std::from_chars(first, last, lr[k]);
+      ok = error == std::errc() && stop == last && first != last;
+    }
+    if (!ok) throw std::invalid_argument("--window: expected L,R, two whole numbers (-1: unbounded), got '" + w + "'");
+    p.window_left = lr[0];
+    p.window_right = lr[1];
+  }
+  if (o.softcap) {
+    if (*o.softcap == 0.0f) throw std::invalid_argument("--softcap 0 caps nothing: give a positive cap, or drop --softcap");
+    p.softcap = *o.softcap;
+  }
+  if (o.input_pos && !p.causal && !p.has_window() && !p.alibi)
+    throw std::invalid_argument("--input-pos places the causal mask (and the window and ALiBi's diagonal): add "
+                                "--causal, or drop --input-pos");
   Inputs in;
   if (!o.inputs_dir.empty()) {
     if (const std::string given = shape_flags_given(o); !given.empty())
@@ -263,9 +334,18 @@ Inputs prepare_inputs(CommonOptions& o) {
   p.input_pos = o.input_pos.value_or(p.Nk - p.Nq);
   p.scale = o.scale.value_or(p.d > 0 ? float(1.0 / std::sqrt(double(p.d))) : 1.0f);
   p.validate();
+  if (!o.bias_file.empty()) in.bias = load_bias(o.bias_file, p);
+  p.bias = !o.bias_file.empty();
+  if (!o.alibi_slopes_file.empty()) {
+    if (!p.alibi) throw std::invalid_argument("--alibi-slopes gives ALiBi's slopes: add --alibi, or drop --alibi-slopes");
+    in.alibi_slopes = load_slopes(o.alibi_slopes_file, p);
+  }
   if (o.inputs_dir.empty()) {
     require_host_memory(input_elements(p) * sizeof(float), "the random inputs");
+    Tensor bias = std::move(in.bias), slopes = std::move(in.alibi_slopes);
     in = random_inputs(p);
+    in.bias = std::move(bias);
+    in.alibi_slopes = std::move(slopes);
   }
   return in;
 }
@@ -338,6 +418,11 @@ static void print_outputs(const Outputs& out, bool backward) {
     std::printf("  %-4s %-18s sum %14.6e   first", outputs[k].first, shape_str(t.shape).c_str(), sum);
     for (size_t i = 0; i < std::min<size_t>(4, t.size()); ++i) std::printf(" %9.5f", t.data[i]);
     std::printf("\n");
+  }
+  if (backward && !out.dbias.empty()) {
+    double sum = 0;
+    for (const float x : out.dbias.data) sum += x;
+    std::printf("  %-4s %-18s sum %14.6e\n", "dBias", shape_str(out.dbias.shape).c_str(), sum);
   }
 }
 
@@ -428,6 +513,11 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
       rec["against"] = against;
     }
   }
+  // The score modifiers, only when on: records without them stay as they were.
+  if (p.bias) rec["bias"] = o.bias_file;
+  if (p.alibi) rec["alibi"] = o.alibi_slopes_file.empty() ? std::string("standard") : o.alibi_slopes_file;
+  if (p.softcap > 0) rec["softcap"] = p.softcap;
+  if (p.has_window()) rec["window"] = {p.window_left, p.window_right};
   for (const auto& [k, v] : o.record_extra) rec[k] = v;
   if (!o.dump_dir.empty()) {
     AtomicFileSet files;
@@ -438,12 +528,14 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
       files.add_f32(dir + "dq.npy", out.dq);
       files.add_f32(dir + "dk.npy", out.dk);
       files.add_f32(dir + "dv.npy", out.dv);
+      if (p.bias) files.add_f32(dir + "dbias.npy", out.dbias);
     }
     // The mask is one byte per score: written up to 2^26 of them (64 MiB), and said so when left out.
     const bool mask_fits = p.B * p.Hq * p.Nq * p.Nk <= kMaxDumpedMask;
     if (p.dropout > 0 && mask_fits) files.add_u8(dir + "dropout_mask.npy", {p.B, p.Hq, p.Nq, p.Nk}, dropout_mask(p));
     files.commit();
-    std::printf("wrote %s{o,lse%s%s}.npy\n", dir.c_str(), p.backward ? ",dq,dk,dv" : "",
+    std::printf("wrote %s{o,lse%s%s%s}.npy\n", dir.c_str(), p.backward ? ",dq,dk,dv" : "",
+                p.backward && p.bias ? ",dbias" : "",
                 p.dropout > 0 && mask_fits ? ",dropout_mask" : "");
     if (p.dropout > 0 && !mask_fits)
       std::printf("dropout_mask.npy not written: B * Hq * Nq * Nk = %lld bytes > %lld\n",

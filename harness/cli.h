@@ -34,6 +34,9 @@ struct CommonOptions {
   std::string dtype = "bf16";
   std::string variant;  // "" = the stage's default
   std::string inputs_dir, dump_dir, json_file;
+  // Score modifiers (core/score_mod.h); --alibi sets the problem directly.
+  std::string bias_file, window, alibi_slopes_file;  // --bias FILE, --window L,R, --alibi-slopes FILE
+  std::optional<float> softcap;
   bool check = false, bench = false;
   bool tuned = false;  // use step 6's tuned configuration (tuning and caching it if needed)
   bool list_variants = false;  // print the stage's variants and tuning configurations, run nothing

@@ -10,7 +10,7 @@
 namespace fa {
 
 const char* CheckReport::name(int k) {
-  static const char* n[] = {"O", "LSE", "dQ", "dK", "dV"};
+  static const char* n[] = {"O", "LSE", "dQ", "dK", "dV", "dBias"};
   return n[k];
 }
 
@@ -18,10 +18,10 @@ CheckReport check_against(const Oracle& oracle, const Problem& p, const Inputs& 
   const OutputsT<double> ref = oracle.exact(p, in);
   const Outputs base = oracle.naive_low_precision(p, in);
   CheckReport r;
-  r.n = p.backward ? 5 : 2;
-  const Tensor* g[] = {&got.o, &got.lse, &got.dq, &got.dk, &got.dv};
-  const TensorT<double>* rf[] = {&ref.o, &ref.lse, &ref.dq, &ref.dk, &ref.dv};
-  const Tensor* bs[] = {&base.o, &base.lse, &base.dq, &base.dk, &base.dv};
+  r.n = p.backward ? (p.bias ? 6 : 5) : 2;
+  const Tensor* g[] = {&got.o, &got.lse, &got.dq, &got.dk, &got.dv, &got.dbias};
+  const TensorT<double>* rf[] = {&ref.o, &ref.lse, &ref.dq, &ref.dk, &ref.dv, &ref.dbias};
+  const Tensor* bs[] = {&base.o, &base.lse, &base.dq, &base.dk, &base.dv, &base.dbias};
   for (int k = 0; k < r.n; ++k) {
     r.stage[k] = compare(*g[k], *rf[k]);
     r.baseline[k] = compare(*bs[k], *rf[k]);

@@ -12,9 +12,9 @@
 namespace fa {
 
 struct CheckReport {
-  ErrorStats stage[5], baseline[5];  // O, LSE, dQ, dK, dV
-  Verdict verdict[5];
-  int n = 2;                         // 2 (forward) or 5 (with backward)
+  ErrorStats stage[6], baseline[6];  // O, LSE, dQ, dK, dV, dBias
+  Verdict verdict[6];
+  int n = 2;                         // 2 (forward), 5 (with backward) or 6 (a backward with a bias)
   bool pass = true;
   static const char* name(int k);
 };

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 #include "core/dropout.h"
 #include "core/dtype.h"
 #include "core/host_memory.h"
 #include "core/parallel.h"
+#include "core/score_mod.h"
 
 namespace fa::step1 {
 
@@ -40,6 +42,29 @@ Result<T> attention(const Problem& p, const Inputs& in, bool backward, DType emu
     r.dv = TensorT<T>({B, Hkv, Nk, d});
   }
 
+  // Score modifiers (core/score_mod.h). The bias broadcasts over a batch or head dimension of size 1.
+  const ScoreMod mod = score_mod_of(p, in.alibi_slopes.empty() ? nullptr : in.alibi_slopes.ptr());
+  const bool modifies = p.bias || p.alibi || p.softcap > 0.0f;
+  if (p.bias && !(in.bias.shape.size() == 4 && (in.bias.shape[0] == B || in.bias.shape[0] == 1) &&
+                  (in.bias.shape[1] == Hq || in.bias.shape[1] == 1) && in.bias.shape[2] == Nq && in.bias.shape[3] == Nk))
+    throw std::invalid_argument("the problem has a bias but the inputs' bias has shape " + shape_str(in.bias.shape));
+  if (p.alibi && !in.alibi_slopes.empty() && in.alibi_slopes.shape != std::vector<int64_t>{Hq})
+    throw std::invalid_argument("the inputs' ALiBi slopes have shape " + shape_str(in.alibi_slopes.shape) +
+                                ", not [" + std::to_string(Hq) + "]");
+  const int64_t biasB = p.bias ? in.bias.shape[0] : 1, biasH = p.bias ? in.bias.shape[1] : 1;
+  auto bias_at = [&](int64_t b, int64_t h) -> const float* {
+    return in.bias.ptr() + ((biasB == 1 ? 0 : b) * biasH + (biasH == 1 ? 0 : h)) * Nq * Nk;
+  };
+  // dBias is dS (the gradient of the pre-softcap score) summed over the broadcast dimensions. Each thread
+  // writes its own (b, h) slice of a [B, Hq, Nq, Nk] buffer, summed afterwards; without broadcasting the
+  // slices are dBias itself.
+  const bool dbias = backward && p.bias;
+  const bool broadcast = dbias && (biasB != B || biasH != Hq);
+  TensorT<T> dS_all;
+  if (dbias) r.dbias = TensorT<T>({biasB, biasH, Nq, Nk});
+  if (broadcast) dS_all = TensorT<T>({B, Hq, Nq, Nk});
+  TensorT<T>& dS_out = broadcast ? dS_all : r.dbias;
+
   // One (b, kv head) per iteration, so the GQA sums into dK/dV stay inside one thread.
   parallel_for_2d(B, Hkv, [&](int64_t b, int64_t hk) {
     const int64_t kv_off = (b * Hkv + hk) * Nk * d;
@@ -51,12 +76,16 @@ Result<T> attention(const Problem& p, const Inputs& in, bool backward, DType emu
       const int64_t q_off = (b * Hq + h) * Nq * d;
       const Mat<T> Q = ConstMapF(in.q.ptr() + q_off, Nq, d).cast<T>();  // [Nq, d]
 
-      // S = scale * Q K^T, then the mask.                                  [Nq, Nk]
+      // S = scale * Q K^T, then the modifier (bias, ALiBi, softcap), then the mask.   [Nq, Nk]
       Mat<T> S = scale * (Q * K.transpose());
       rnd(S);
+      const float* bias = p.bias ? bias_at(b, h) : nullptr;
       for (int64_t i = 0; i < Nq; ++i)
-        for (int64_t j = 0; j < Nk; ++j)
-          if (!sees(p.causal, p.input_pos, i, j)) S(i, j) = -inf;
+        for (int64_t j = 0; j < Nk; ++j) {
+          if (!visible(mod, i, j)) S(i, j) = -inf;
+          else if (modifies) S(i, j) = modify<T>(mod, S(i, j), bias ? T(bias[i * Nk + j]) : T(0), h, i, j);
+        }
+      if (modifies) rnd(S);
 
       // 3-pass safe softmax: row max, row sum of exp(S - max), normalise.  [Nq, Nk]
       Mat<T> P(Nq, Nk);
@@ -98,6 +127,12 @@ Result<T> attention(const Problem& p, const Inputs& in, bool backward, DType emu
       rnd(dP);
       Mat<T> dS = P.cwiseProduct(dP.colwise() - D);  // [Nq, Nk]
       rnd(dS);
+      if (p.softcap > 0.0f) {  // back through the softcap: dS of the pre-softcap score
+        for (int64_t i = 0; i < Nq; ++i)
+          for (int64_t j = 0; j < Nk; ++j) dS(i, j) *= softcap_grad<T>(mod, S(i, j));
+        rnd(dS);
+      }
+      if (dbias) Eigen::Map<Mat<T>>(dS_out.ptr() + (b * Hq + h) * Nq * Nk, Nq, Nk) = dS;
       Mat<T> dQ = scale * (dS * K);  // [Nq, d]
       rnd(dQ);
       Eigen::Map<Mat<T>>(r.dq.ptr() + q_off, Nq, d) = dQ;
@@ -111,6 +146,16 @@ Result<T> attention(const Problem& p, const Inputs& in, bool backward, DType emu
       Eigen::Map<Mat<T>>(r.dv.ptr() + kv_off, Nk, d) = dV_sum;
     }
   });
+  if (broadcast) {  // the sum over the broadcast dimensions, in a fixed order
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hq; ++h) {
+        const T* src = dS_all.ptr() + (b * Hq + h) * Nq * Nk;
+        T* dst = r.dbias.ptr() + ((biasB == 1 ? 0 : b) * biasH + (biasH == 1 ? 0 : h)) * Nq * Nk;
+        for (int64_t k = 0; k < Nq * Nk; ++k) dst[k] += src[k];
+      }
+    if (emulate != DType::fp32)
+      for (T& x : r.dbias.data) x = T(round_to(emulate, float(x)));
+  }
   return r;
 }
 
@@ -122,7 +167,9 @@ double memory_needed(const Problem& p, bool backward, size_t element_bytes) {
   const double working = double(parallel_workers(p.B * p.Hkv)) * per_iteration;
   Problem outputs_of = p;
   outputs_of.backward = backward;
-  return (working + output_elements(outputs_of)) * double(element_bytes);
+  // With a bias, the backward keeps dS of every (b, h) for dBias, and dBias itself (at most that size).
+  const double dbias = backward && p.bias ? 2 * double(p.B * p.Hq) * Nq * Nk : 0.0;
+  return (working + output_elements(outputs_of) + dbias) * double(element_bytes);
 }
 
 template Result<float> attention<float>(const Problem&, const Inputs&, bool, DType);
@@ -151,6 +198,7 @@ Stage stage() {
   s.name = "step1_cpu_reference";
   s.title = "CPU reference (Eigen, fp32)";
   s.has_backward = true;
+  s.has_score_mods = true;
   s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
   s.make = [](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
     return std::make_unique<CpuRunner>(p, in);

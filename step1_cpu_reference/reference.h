@@ -5,15 +5,17 @@
 // roundings of a low-precision framework, the baseline of the tolerance rule (core/metrics.h).
 //
 // Forward, per batch b and query head h (KV head h / group):
-//   S = scale * Q K^T                         [Nq, Nk]   masked entries = -inf
+//   S = scale * Q K^T                         [Nq, Nk]
+//   S = modify(S) (+ bias, + ALiBi, softcap)  [Nq, Nk]   core/score_mod.h; masked entries (causal, window) = -inf
 //   P = softmax(S) = exp(S - rowmax) / rowsum [Nq, Nk]   the 3-pass "safe" softmax
 //   LSE = rowmax + log(rowsum)                [Nq]
 //   Pd = P * Z / (1 - p)                      [Nq, Nk]   Z = the Philox keep mask (core/dropout.h)
 //   O = Pd V                                  [Nq, d]
 // Backward, given dO [Nq, d]:
 //   D = rowsum(dO * O)        dV = Pd^T dO      dPd = dO V^T      dP = dPd * Z / (1 - p)
-//   dS = P * (dP - D)         dQ = scale dS K   dK = scale dS^T Q
-// with dK and dV summed over the query heads of each KV head's group (GQA).
+//   dS = P * (dP - D) * softcap_grad(S)     dQ = scale dS K   dK = scale dS^T Q   dBias = dS
+// with dK and dV summed over the query heads of each KV head's group (GQA), and dBias over the dimensions
+// the bias broadcasts over.
 //
 // Limits: O(Nq * Nk) memory per head; that quadratic footprint is what FlashAttention removes.
 #pragma once

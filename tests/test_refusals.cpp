@@ -120,7 +120,8 @@ TEST(Refusals, FlagsTheRunWouldIgnore) {
   expect_refused_without_files(
       "step1_cpu_reference",
       {
-          {{"--seq", "8", "--input-pos", "2"}, "--input-pos places the causal mask: add --causal, or drop --input-pos"},
+          {{"--seq", "8", "--input-pos", "2"}, "--input-pos places the causal mask (and the window and ALiBi's diagonal): "
+                                                "add --causal, or drop --input-pos"},
           {{"--seq", "8", "--seq-q", "4", "--seq-k", "6"}, "beside both, it sets nothing; drop --seq"},
           {{"--seq", "8", "--bench-against", "x"}, "--bench-against needs --bench"},
           {{"--list-variants", "--seq", "5"}, "--list-variants prints the stage's names and runs nothing: drop --seq"},
@@ -207,6 +208,74 @@ TEST(Refusals, ShapeFlagsBesideInputs) {
       });
   // The same files with nothing beside them run.
   EXPECT_EQ(run_stage_main("step1_cpu_reference", {"--inputs", in.string()}).rc, 0);
+}
+
+// ---- score modifiers (--bias, --alibi, --window, --softcap) -------------------------------------------
+
+// Only stages with has_score_mods take them (step 1 for now); the others refuse, naming the flags given.
+TEST(Refusals, ScoreModifiersOnStagesWithoutThem) {
+  const fs::path d = temp_dir("mods_bias");
+  write_npy((d / "bias.npy").string(), Tensor({1, 1, 8, 8}));
+  expect_refused_without_files(
+      "step2_online_softmax",
+      {
+          {{"--seq", "8", "--window", "2,0"}, "step2_online_softmax has no score modifiers (--window): step 1's reference has"},
+          {{"--seq", "8", "--alibi", "--softcap", "30"}, "step2_online_softmax has no score modifiers (--alibi, --softcap)"},
+          {{"--seq", "8", "--bias", (d / "bias.npy").string()}, "step2_online_softmax has no score modifiers (--bias)"},
+          {{"--seq", "8", "--alibi", "--alibi-slopes", (d / "bias.npy").string()},
+           "step2_online_softmax has no score modifiers (--alibi, --alibi-slopes)"},
+      });
+}
+
+TEST(Refusals, MalformedScoreModifiers) {
+  const fs::path d = temp_dir("mods_bad");
+  write_npy((d / "wrong.npy").string(), Tensor({1, 2, 8, 7}));      // Nk 7, not 8
+  write_npy((d / "heads.npy").string(), Tensor({1, 3, 8, 8}));      // 3 heads: neither 4 nor 1
+  write_npy((d / "three.npy").string(), Tensor({2, 8, 8}));         // three dimensions
+  write_npy((d / "slopes3.npy").string(), Tensor({3}, 0.5f));        // 3 slopes for 4 heads
+  Tensor nan({1, 1, 8, 8});
+  nan.data[9] = std::numeric_limits<float>::quiet_NaN();
+  write_npy((d / "nan.npy").string(), nan);
+  const std::vector<std::string> shape = {"--seq", "8", "--heads", "4", "--batch", "2"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = shape;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  expect_refused_without_files(
+      "step1_cpu_reference",
+      {
+          {with({"--bias", (d / "wrong.npy").string()}),
+           "wrong.npy has shape [1, 2, 8, 7]; this problem needs [2 or 1, 4 or 1, 8, 8]"},
+          {with({"--bias", (d / "heads.npy").string()}), "heads.npy has shape [1, 3, 8, 8]; this problem needs"},
+          {with({"--bias", (d / "three.npy").string()}), "three.npy has shape [2, 8, 8]; this problem needs"},
+          {with({"--bias", (d / "nan.npy").string()}), "nan.npy: element [0, 0, 1, 1] is NaN; a bias must be finite or -inf"},
+          {with({"--bias", (d / "missing.npy").string()}), "missing.npy"},
+          {with({"--window", "3"}), "--window: expected L,R, two whole numbers (-1: unbounded), got '3'"},
+          {with({"--window", "a,1"}), "--window: expected L,R"},
+          {with({"--window", "-2,0"}), "window sides must be -1 (unbounded) or a number of keys >= 0 (got -2,0)"},
+          {with({"--alibi-slopes", (d / "slopes3.npy").string()}), "--alibi-slopes gives ALiBi's slopes: add --alibi"},
+          {with({"--alibi", "--alibi-slopes", (d / "slopes3.npy").string()}),
+           "slopes3.npy has shape [3]; this problem needs [4] (one slope per query head)"},
+          {with({"--softcap", "0"}), "--softcap 0 caps nothing: give a positive cap, or drop --softcap"},
+          {with({"--softcap", "-3"}), "softcap must be a positive finite number, or 0 for none (got -3)"},
+          {with({"--softcap", "inf"}), "softcap must be a positive finite number"},
+      });
+}
+
+// What is not refused runs: every modifier at once on step 1, with a backward, dumps dbias.npy of the
+// bias's shape; --input-pos places a window without --causal.
+TEST(Refusals, ScoreModifiersRunOnStep1AndDumpDBias) {
+  const fs::path d = temp_dir("mods_run"), out = temp_dir("mods_dump");
+  write_npy((d / "bias.npy").string(), Tensor({1, 2, 8, 8}, 0.25f));
+  const CliResult r = run_stage_main(
+      "step1_cpu_reference", {"--seq", "8", "--heads", "2", "--batch", "2", "--dim", "16", "--bias",
+                              (d / "bias.npy").string(), "--alibi", "--window", "3,1", "--softcap", "5",
+                              "--input-pos", "1", "--backward", "--check", "--dump", out.string()});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("window=3,1 input_pos=1 +bias +alibi softcap=5"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(out / "dbias.npy")) << r.out;
+  EXPECT_EQ(read_npy((out / "dbias.npy").string()).shape, (std::vector<int64_t>{1, 2, 8, 8}));
 }
 
 // A header that promises more data than the file holds is refused before its size is allocated.

@@ -1,0 +1,105 @@
+// FlashAttention, step by step — core/score_mod.h
+// Score modifiers and masks (docs/conventions.md, "Score modifiers and masks"): FlexAttention's idea that
+// a score passes through one modifier and one mask, at one place, with the same definitions in the forward,
+// the backward, the reference and (later) the kernels. This file adds that one place:
+//
+//   s   = scale * q.k  +  bias[b, h, i, j]  +  alibi_h(i, j)        the pre-softcap score
+//   s   = c * tanh(s / c)                                          softcap (c > 0; off when c = 0)
+//   s   = -inf  unless visible(i, j)                               causal AND sliding window
+//   P   = softmax(s)
+//
+// Everything is free when off: modify() adds a zero bias and skips what is disabled, visible() is the
+// causal rule of core/problem.h when there is no window.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "core/hd.h"
+#include "core/problem.h"
+
+namespace fa {
+
+struct ScoreMod {
+  bool causal = false;
+  int64_t input_pos = 0;   // absolute position of query row 0: where the diagonal of every rule sits
+  int64_t Hq = 1;          // query heads: the ALiBi slopes are a series over them
+  bool alibi = false;      // add -slope_h * |j - (input_pos + i)| (FlashAttention's alibi_slopes)
+  const float* slopes = nullptr;  // with alibi: the slope of each query head [Hq]; nullptr: the standard series
+  float softcap = 0.0f;    // c of c * tanh(s / c); 0: off
+  int64_t window_left = -1, window_right = -1;  // keys before / after the diagonal; -1: unbounded
+};
+
+// The modifiers of p; `slopes` are the ALiBi slopes given as an input (Inputs::alibi_slopes), if any.
+inline ScoreMod score_mod_of(const Problem& p, const float* slopes = nullptr) {
+  ScoreMod m;
+  m.causal = p.causal;
+  m.input_pos = p.input_pos;
+  m.Hq = p.Hq;
+  m.alibi = p.alibi;
+  m.slopes = p.alibi ? slopes : nullptr;
+  m.softcap = p.softcap;
+  m.window_left = p.window_left;
+  m.window_right = p.window_right;
+  return m;
+}
+
+// The standard ALiBi slope of query head h among n heads (Press et al., and FlashAttention's tests):
+// n a power of two: 2^(-8 (h+1) / n). Otherwise, with m the largest power of two below n, the first m heads
+// take the series for m, and the other n - m heads every other term of the series for 2m:
+// 2^(-4 (2k+1) / m), k = 0 .. n-m-1. Rounded to float: the slope a kernel would be given.
+FA_HD float alibi_slope(int64_t h, int64_t n) {
+  int64_t m = 1;
+  while (m * 2 <= n) m *= 2;
+  if (h < m) return float(exp2(-8.0 * double(h + 1) / double(m)));
+  return float(exp2(-4.0 * double(2 * (h - m) + 1) / double(m)));
+}
+
+// Is key j visible to query row i?  The causal rule (core/problem.h: sees) and the window, which is
+// aligned like it: (input_pos + i) - left <= j <= (input_pos + i) + right, a side of -1 unbounded.
+FA_HD bool visible(const ScoreMod& m, int64_t i, int64_t j) {
+  const int64_t diag = m.input_pos + i;
+  if (!sees(m.causal, m.input_pos, i, j)) return false;
+  if (m.window_left >= 0 && j < diag - m.window_left) return false;
+  if (m.window_right >= 0 && j > diag + m.window_right) return false;
+  return true;
+}
+
+// The visible keys of row i as the range [*lo, *hi] of 0 .. Nk-1 (empty when *lo > *hi): the mask is one
+// band per row, whatever the flags, so a range says it (what the FLOP count and a tile skipper need).
+FA_HD void visible_range(const ScoreMod& m, int64_t Nk, int64_t i, int64_t* lo, int64_t* hi) {
+  const int64_t diag = m.input_pos + i;
+  int64_t a = 0, b = Nk - 1;
+  if (m.causal && diag < b) b = diag;
+  if (m.window_right >= 0 && diag + m.window_right < b) b = diag + m.window_right;
+  if (m.window_left >= 0 && diag - m.window_left > a) a = diag - m.window_left;
+  *lo = a;
+  *hi = b;
+}
+
+// The score after the modifier, before the mask: s is scale * q.k (already scaled), `bias` the element of
+// the bias tensor for (b, h, i, j) or 0. A -inf score (a -inf bias: a mask given as a bias) stays -inf
+// through the softcap, where c * tanh(-inf / c) would make it -c and unmask it.
+template <typename T>
+FA_HD T modify(const ScoreMod& m, T s, T bias, int64_t h, int64_t i, int64_t j) {
+  s += bias;
+  if (m.alibi) {
+    const int64_t dist = j - (m.input_pos + i);
+    const float slope = m.slopes ? m.slopes[h] : alibi_slope(h, m.Hq);
+    s -= T(slope) * T(dist < 0 ? -dist : dist);
+  }
+  if (m.softcap > 0.0f && s != -T(INFINITY)) s = T(m.softcap) * std::tanh(s / T(m.softcap));
+  return s;
+}
+
+// The softcap's derivative d(capped)/d(pre-softcap) = 1 - tanh^2(s_pre / c), written with the capped
+// score s = c * tanh(s_pre / c) as 1 - (s / c)^2, so that the backward needs only the score it recomputes.
+// 1 when the softcap is off. It multiplies dS = P * (dP - D) before dS reaches dQ, dK and dBias.
+template <typename T>
+FA_HD T softcap_grad(const ScoreMod& m, T s_capped) {
+  if (!(m.softcap > 0.0f)) return T(1);
+  if (s_capped == -T(INFINITY)) return T(0);  // a masked score: no gradient, and no 0 * inf = NaN
+  const T t = s_capped / T(m.softcap);
+  return T(1) - t * t;
+}
+
+}  // namespace fa
