@@ -60,9 +60,12 @@ build() {
 }
 
 # ctest in the build folder. Running tests in parallel, it announces each one twice ("Start", then the
-# result): only the result is kept.
+# result): only the result is kept, and of the passing ones a line every 25 (a run has hundreds).
 ctest_quiet() {
-  (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" "$@") | grep --line-buffered -v '^ *Start '
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" "$@") | awk '
+    /^ *Start / { next }                                   # announced twice: keep only the result
+    / Passed +[0-9.]+ sec$/ { if (++n % 25 == 0) printf "  ... %d tests passed so far\n", n; fflush(); next }
+    { print; fflush() }                                    # failures, skips, output and the summary'
 }
 
 # Where no GPU can run the GPU stages, the tests labelled "gpu" (tests/CMakeLists.txt) are left out, and
