@@ -170,7 +170,7 @@ void check_common_flags(const Stage& s, const CommonOptions& o) {
                                     {"--softcap", o.softcap.has_value()}})
       if (set) mods += (mods.empty() ? "" : ", ") + std::string(flag);
     if (!mods.empty() && !s.has_score_mods)
-      throw std::invalid_argument(s.name + " has no score modifiers (" + mods + "): step 1's reference has");
+      throw std::invalid_argument(s.name + " has no score modifiers (" + mods + "): steps 1 and 2 have them");
   }
   if (o.tuned && s.tuning_variants.empty())
     throw std::invalid_argument(s.name + " has no configurations to tune (--tuned)");

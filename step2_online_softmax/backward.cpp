@@ -10,7 +10,7 @@
 //             contribution from each of them: atomic adds, or a second kernel (step 5).
 //   q-outer:  for i (Q blocks) { dQ_i on chip; for j (K/V blocks) { visit; dK_j, dV_j += ... in HBM } }
 //             The mirror image: dQ_i is written once, dK_j and dV_j collect one contribution per Q block.
-// Causal blocks that lie wholly above the diagonal are skipped in both, as in the forward.
+// Blocks wholly outside the mask (causal, window) are skipped in both, as in the forward.
 #include <algorithm>
 
 #include "tiles.h"
@@ -51,7 +51,11 @@ void visit(const Head& hd, const std::vector<float>& D, int64_t i0, int64_t rows
   apply_dropout(hd, dP, i0, j0);                          //               dP_ij = dPd_ij * Z_ij / (1 - p)
   MatR dS(rows, cols);                                    // [rows, cols]  dS_ij = P_ij * (dP_ij - D_i)
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dS(r, c) = P(r, c) * (dP(r, c) - D[size_t(i0 + r)]);
+    for (int64_t c = 0; c < cols; ++c)  // back through the softcap (1 without one): dS of the pre-softcap score
+      dS(r, c) = P(r, c) * (dP(r, c) - D[size_t(i0 + r)]) * softcap_grad(hd.mod, S(r, c));
+  if (hd.dbias)  // dBias_ij = dS_ij for this (b, h); the caller sums over the bias's broadcast dimensions
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) hd.dbias[(i0 + r) * hd.Nk + j0 + c] = dS(r, c);
   Map(dQ_i, rows, d).noalias() += hd.scale * (dS * k_rows(hd, j0, cols));              // dQ_i += scale dS_ij K_j
   Map(dK_j, cols, d).noalias() += hd.scale * (dS.transpose() * q_rows(hd, i0, rows));  // dK_j += scale dS_ij^T Q_i
   if (observe)
@@ -78,7 +82,7 @@ void backward_kv_outer(const std::vector<Head>& group, Blocks bl, BackwardVisitO
       const Head& hd = group[g];
       for (int64_t i0 = 0; i0 < Nq; i0 += bl.Br) {  // inner: every Q block visits K_j, V_j
         const int64_t rows = std::min(bl.Br, Nq - i0);
-        if (block_masked(hd, i0, rows, j0)) continue;  // causal: the rows of this block see none of K_j
+        if (block_masked(hd, i0, rows, j0, cols)) continue;  // causal or window: no row sees K_j
         visit(hd, D[g], i0, rows, j0, cols, hd.dq + i0 * d, dK_j.data(), dV_j.data(), observe, ctx);
       }
     }
@@ -101,7 +105,7 @@ void backward_q_outer(const std::vector<Head>& group, Blocks bl) {
       dQ_i.setZero();
       for (int64_t j0 = 0; j0 < Nk; j0 += bl.Bc) {  // inner: the K/V blocks, in order
         const int64_t cols = std::min(bl.Bc, Nk - j0);
-        if (block_masked(hd, i0, rows, j0)) break;  // causal: every later K/V block is masked too
+        if (block_masked(hd, i0, rows, j0, cols)) continue;  // causal or window: no row sees K_j
         visit(hd, D, i0, rows, j0, cols, dQ_i.data(), kv.dk + j0 * d, kv.dv + j0 * d);
       }
       Map(hd.dq + i0 * d, rows, d) = dQ_i.topRows(rows);  // written once

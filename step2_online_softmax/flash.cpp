@@ -10,7 +10,8 @@
 //   fa2: for i (Q blocks) { state on chip; for j (K/V blocks) { update } ; O_i = acc / l_i once }
 //        Dao 2023, Algorithm 1. No HBM traffic for the state, one division per row instead of one per visit,
 //        and the Q blocks are independent: one thread block each on a GPU (step 3 onwards).
-// Causal blocks that lie wholly above the diagonal are skipped in both.
+// Blocks that lie wholly outside the mask (above the causal diagonal, or outside a sliding window) are
+// skipped in both.
 #include <algorithm>
 
 #include "tiles.h"
@@ -35,7 +36,7 @@ void attention_fa1(const Head& hd, Blocks bl, Fa1VisitObserver observe, void* ct
     const int64_t cols = std::min(bl.Bc, Nk - j0);
     for (int64_t i0 = 0; i0 < Nq; i0 += bl.Br) {  // inner: every Q block visits K_j, V_j
       const int64_t rows = std::min(bl.Br, Nq - i0);
-      if (block_masked(hd, i0, rows, j0)) continue;
+      if (block_masked(hd, i0, rows, j0, cols)) continue;
       const MatR S = scores(hd, i0, rows, j0, cols);  // [rows, cols]  S_ij
       MatR P(rows, cols);                             // [rows, cols]  P~_ij = exp(S_ij - m~_ij)
       for (int64_t r = 0; r < rows; ++r) {
@@ -72,7 +73,7 @@ void attention_fa2(const Head& hd, Blocks bl, VisitObserver observe, void* ctx) 
 
     for (int64_t j0 = 0; j0 < Nk; j0 += bl.Bc) {  // inner: the K/V blocks, in order
       const int64_t cols = std::min(bl.Bc, Nk - j0);
-      if (block_masked(hd, i0, rows, j0)) break;  // causal: every later K/V block is masked too
+      if (block_masked(hd, i0, rows, j0, cols)) continue;  // causal or window: no row sees K_j
       const MatR S = scores(hd, i0, rows, j0, cols);  // [rows, cols]
       MatR P(rows, cols);                             // [rows, cols]
       for (int64_t r = 0; r < rows; ++r) {

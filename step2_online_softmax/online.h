@@ -36,6 +36,7 @@
 
 #include "core/dropout.h"
 #include "core/online_softmax.h"
+#include "core/score_mod.h"
 #include "core/stage.h"
 
 namespace fa::step2 {
@@ -48,16 +49,18 @@ struct Head {
   float* o = nullptr;        // [Nq, d]
   float* lse = nullptr;      // [Nq]
   int64_t Nq = 0, Nk = 0, d = 0;
-  bool causal = false;
-  int64_t input_pos = 0;  // absolute position of query row 0
   float scale = 1.0f;
   DropoutParams drop;     // threshold 0: no dropout
+  ScoreMod mod;           // the mask (causal, input_pos, window) and the modifiers (core/score_mod.h)
+  bool modifies = false;  // a bias, ALiBi or a softcap: the scores go through modify()
+  const float* bias = nullptr;  // [Nq, Nk] this head's slice of the bias (broadcast), or null
   uint32_t b = 0, h = 0;  // coordinates of the dropout mask (query head h)
   // The backward's tensors, null in a forward run: dO and dQ of query head h, dK and dV of its KV head.
   const float* dout = nullptr;  // [Nq, d]
   float* dq = nullptr;          // [Nq, d]
   float* dk = nullptr;          // [Nk, d]  shared by the g query heads of the KV head (GQA)
   float* dv = nullptr;          // [Nk, d]
+  float* dbias = nullptr;       // [Nq, Nk] dS of the pre-softcap score of (b, h), with a bias; else null
 
   // Dropout weight of element (i, j): 0 or 1 / (1 - p). Applied after normalisation, so l and LSE
   // are those of the undropped scores.
@@ -84,7 +87,7 @@ Blocks blocks_from_budget(int64_t M, int64_t d);
 // What one FlashAttention-2 visit of block (i, j) leaves behind, for --trace. Matrices are row-major.
 struct Visit {
   int64_t i0, rows, j0, cols;  // the Q block's first row and size, the K/V block's first key and size
-  const float* S;              // [rows, cols]  S_ij = scale Q_i K_j^T, masked = -inf
+  const float* S;              // [rows, cols]  S_ij = scale Q_i K_j^T modified (score_mod.h), masked = -inf
   const float* P;              // [rows, cols]  P_ij = exp(S_ij - m_i), m_i the new running max (x dropout)
   const float* m_old;          // [rows]        running max before the visit
   const SoftmaxState* state;   // [rows]        running (m_i, l_i) after the visit
@@ -95,7 +98,7 @@ using VisitObserver = void (*)(const Visit& v, void* ctx);
 // What one FlashAttention-1 visit of block (i, j) leaves behind, for --trace --variant fa1.
 struct Fa1Visit {
   int64_t i0, rows, j0, cols;  // the Q block's first row and size, the K/V block's first key and size
-  const float* S;              // [rows, cols]  S_ij = scale Q_i K_j^T, masked = -inf
+  const float* S;              // [rows, cols]  S_ij = scale Q_i K_j^T modified (score_mod.h), masked = -inf
   const float* P;              // [rows, cols]  P~_ij = exp(S_ij - m~_ij), undropped
   const float* Pd;             // [rows, cols]  P~_ij Z_ij / (1 - p): the weights V_j is multiplied by
   const SoftmaxState* tile;    // [rows]        (m~_ij, l~_ij) of the block, l~_ij = rowsum(P~_ij)
@@ -125,15 +128,16 @@ void attention_split_kv(const Head& hd, int64_t splits, int64_t tile);
 //   P_ij  = exp(S_ij - LSE_i)                    (0 where masked, and in a row with LSE_i = -inf)
 //   Pd_ij = P_ij * Z_ij / (1 - p)                the dropout mask of the forward
 //   dV_j += Pd_ij^T dO_i       dPd_ij = dO_i V_j^T       dP_ij = dPd_ij * Z_ij / (1 - p)
-//   dS_ij = P_ij * (dP_ij - D_i)   dQ_i += scale dS_ij K_j   dK_j += scale dS_ij^T Q_i
+//   dS_ij = P_ij * (dP_ij - D_i) * softcap_grad(S_ij)     (the gradient of the pre-softcap score: dBias)
+//   dQ_i += scale dS_ij K_j   dK_j += scale dS_ij^T Q_i
 enum class Order { kv_outer, q_outer };
 // What one visit of block (i, j) of the backward leaves behind, for --trace --backward. Row-major.
 struct BackwardVisit {
   int64_t i0, rows, j0, cols;  // the Q block's first row and size, the K/V block's first key and size
-  const float* S;              // [rows, cols]  S_ij = scale Q_i K_j^T, masked = -inf
+  const float* S;              // [rows, cols]  S_ij = scale Q_i K_j^T modified (score_mod.h), masked = -inf
   const float* P;              // [rows, cols]  P_ij = exp(S_ij - LSE_i)
   const float* dP;             // [rows, cols]  dP_ij = dO_i V_j^T (x dropout)
-  const float* dS;             // [rows, cols]  dS_ij = P_ij (dP_ij - D_i)
+  const float* dS;             // [rows, cols]  dS_ij = P_ij (dP_ij - D_i) softcap_grad(S_ij)
   const float* D;              // [rows]        D_i = rowsum(dO_i * O_i)
   const float* dQ_i;           // [rows, d]     dQ_i after this visit's addition
   const float* dK_j;           // [cols, d]     dK_j after this visit's addition
@@ -153,7 +157,8 @@ struct Config {
 };
 Outputs attention(const Problem& p, const Inputs& in, const std::string& variant, const Config& cfg);
 // The backward of the whole problem, every (b, KV head) in parallel, from out.o and out.lse of a forward
-// run: allocates and fills out.dq [B, Hq, Nq, d], out.dk and out.dv [B, Hkv, Nk, d].
+// run: allocates and fills out.dq [B, Hq, Nq, d], out.dk and out.dv [B, Hkv, Nk, d]; with a bias also
+// out.dbias, shaped like it (dS summed over the dimensions it broadcasts over).
 void backward(const Problem& p, const Inputs& in, Order order, Blocks bl, Outputs& out);
 // The order --backward runs for `variant`: fa1 q-outer, fa2 kv-outer; false for the untiled variants.
 bool backward_order(const std::string& variant, Order& order);

@@ -74,7 +74,7 @@ Partial online_partial(const Head& hd, int64_t i, int64_t j0, int64_t j1, int64_
   Eigen::Map<Eigen::RowVectorXf> acc(part.acc.data(), hd.d);  // [d]
   for (int64_t t0 = j0; t0 < j1; t0 += tile) {
     const int64_t cols = std::min(tile, j1 - t0);
-    if (block_masked(hd, i, 1, t0)) break;  // causal: this key and every later one are masked
+    if (block_masked(hd, i, 1, t0, cols)) continue;  // causal or window: no key of this tile is visible
     MatR p = scores(hd, i, 1, t0, cols);    // [1, cols]  s_j, then exp(s_j - m_new) in place
     acc *= online_rescale(part.st, p.maxCoeff());
     for (int64_t c = 0; c < cols; ++c) part.st.l += (p(0, c) = safe_exp_diff(p(0, c), part.st.m));

@@ -25,10 +25,14 @@ Head head_of(const Problem& p, const Inputs& in, Outputs& out, int64_t b, int64_
   hd.Nq = p.Nq;
   hd.Nk = p.Nk;
   hd.d = p.d;
-  hd.causal = p.causal;
-  hd.input_pos = p.input_pos;
   hd.scale = p.scale;
   hd.drop = make_dropout(p.dropout, p.seed);
+  hd.mod = score_mod_of(p, in.alibi_slopes.empty() ? nullptr : in.alibi_slopes.ptr());
+  hd.modifies = p.bias || p.alibi || p.softcap > 0.0f;
+  if (p.bias) {  // [B or 1, Hq or 1, Nq, Nk]: a dimension of size 1 broadcasts
+    const int64_t bB = in.bias.shape[0], bH = in.bias.shape[1];
+    hd.bias = in.bias.ptr() + ((bB == 1 ? 0 : b) * bH + (bH == 1 ? 0 : h)) * p.Nq * p.Nk;
+  }
   hd.b = uint32_t(b);
   hd.h = uint32_t(h);
   if (!in.dout.data.empty() && !out.dq.data.empty()) {
@@ -68,13 +72,33 @@ void backward(const Problem& p, const Inputs& in, Order order, Blocks bl, Output
   out.dq = Tensor({p.B, p.Hq, p.Nq, p.d});
   out.dk = Tensor({p.B, p.Hkv, p.Nk, p.d});
   out.dv = Tensor({p.B, p.Hkv, p.Nk, p.d});
+  // dBias: dS of every (b, query head), each written by the one task that owns the head; a bias that
+  // broadcasts over batches or heads has it summed over them afterwards (as step 1 does).
+  const int64_t bB = p.bias ? in.bias.shape[0] : 1, bH = p.bias ? in.bias.shape[1] : 1;
+  const bool broadcast = p.bias && (bB != p.B || bH != p.Hq);
+  Tensor dS_all;  // [B, Hq, Nq, Nk]
+  if (p.bias) (broadcast ? dS_all : out.dbias) = Tensor({p.B, p.Hq, p.Nq, p.Nk});
+  Tensor& dS_heads = broadcast ? dS_all : out.dbias;
   // One (b, KV head) per task, so that the GQA sums into dK, dV stay inside one thread.
   parallel_for_2d(p.B, p.Hkv, [&](int64_t b, int64_t hk) {
     std::vector<Head> group;  // the g query heads of KV head hk
-    for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) group.push_back(head_of(p, in, out, b, h));
+    for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
+      group.push_back(head_of(p, in, out, b, h));
+      if (p.bias) group.back().dbias = dS_heads.ptr() + (b * p.Hq + h) * p.Nq * p.Nk;
+    }
     if (order == Order::kv_outer) backward_kv_outer(group, bl);
     else backward_q_outer(group, bl);
   });
+  if (broadcast) {
+    out.dbias = Tensor({bB, bH, p.Nq, p.Nk});
+    const int64_t n = p.Nq * p.Nk;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t h = 0; h < p.Hq; ++h) {
+        const float* src = dS_all.ptr() + (b * p.Hq + h) * n;
+        float* dst = out.dbias.ptr() + ((bB == 1 ? 0 : b) * bH + (bH == 1 ? 0 : h)) * n;
+        for (int64_t k = 0; k < n; ++k) dst[k] += src[k];
+      }
+  }
 }
 
 double memory_needed(const Problem& p, const std::string& variant, const Config& cfg) {
@@ -95,8 +119,10 @@ double memory_needed(const Problem& p, const std::string& variant, const Config&
   const double per_kv_head = 5 * Br * Bc + Br * d + 2 * Bc * d + double(p.group()) * Nq;
   const double working = std::max(double(parallel_workers(p.B * p.Hq)) * per_head,
                                    p.backward ? double(parallel_workers(p.B * p.Hkv)) * per_kv_head : 0.0);
+  // With a bias, the backward keeps dS of every (b, h) for dBias, and dBias itself (at most that size).
+  const double dbias = p.backward && p.bias ? 2 * double(p.B * p.Hq) * Nq * Nk : 0.0;
   // A Runner holds the outputs of its previous run until the new ones are complete: outputs twice.
-  return (working + 2 * output_elements(p)) * sizeof(float);
+  return (working + 2 * output_elements(p) + dbias) * sizeof(float);
 }
 
 namespace {
@@ -138,6 +164,7 @@ Stage stage(const Config& cfg) {
   s.name = "step2_online_softmax";
   s.title = "online softmax on the CPU: 3-pass, 2-pass, online, FlashAttention-1 and -2 loop orders";
   s.has_backward = true;
+  s.has_score_mods = true;  // every variant: the scores of all five come from tiles.h's scores()
   s.variants = {"3pass", "2pass", "online", "fa1", "fa2"};
   s.unsupported = [](const Problem& p, const std::string& v) {
     Order order;

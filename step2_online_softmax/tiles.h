@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/problem.h"
+#include "core/score_mod.h"
 #include "online.h"
 
 namespace fa::step2 {
@@ -23,20 +24,32 @@ inline ConstMap q_rows(const Head& hd, int64_t i0, int64_t rows) { return ConstM
 inline ConstMap k_rows(const Head& hd, int64_t j0, int64_t cols) { return ConstMap(hd.k + j0 * hd.d, cols, hd.d); }
 inline ConstMap v_rows(const Head& hd, int64_t j0, int64_t cols) { return ConstMap(hd.v + j0 * hd.d, cols, hd.d); }
 
-// S = scale Q_i K_j^T for query rows [i0, i0 + rows) and keys [j0, j0 + cols); masked entries -inf.
+// S_ij for query rows [i0, i0 + rows) and keys [j0, j0 + cols): scale Q_i K_j^T, then the score
+// modifiers (bias, ALiBi, softcap: core/score_mod.h's modify()), then the mask (causal and window:
+// visible()); masked entries -inf. The one place every variant and the backward get their scores from.
 inline MatR scores(const Head& hd, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
   MatR S = hd.scale * (q_rows(hd, i0, rows) * k_rows(hd, j0, cols).transpose());  // [rows, cols]
-  if (hd.causal)
+  const bool window = hd.mod.window_left >= 0 || hd.mod.window_right >= 0;
+  if (hd.mod.causal || window || hd.modifies)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        if (!sees(true, hd.input_pos, i0 + r, j0 + c)) S(r, c) = -INFINITY;
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t i = i0 + r, j = j0 + c;
+        if (!visible(hd.mod, i, j)) S(r, c) = -INFINITY;
+        else if (hd.modifies) S(r, c) = modify<float>(hd.mod, S(r, c), hd.bias ? hd.bias[i * hd.Nk + j] : 0.0f, hd.h, i, j);
+      }
   return S;
 }
 
-// Does the whole block (rows [i0, i0 + rows), keys [j0, ...)) lie above the causal diagonal? Such blocks
-// contribute exp(-inf) = 0 and are skipped, as every FlashAttention kernel does.
-inline bool block_masked(const Head& hd, int64_t i0, int64_t rows, int64_t j0) {
-  return hd.causal && !sees(true, hd.input_pos, i0 + rows - 1, j0);
+// Does the block (rows [i0, i0 + rows), keys [j0, j0 + cols)) lie wholly outside every row's visible
+// range: above the causal diagonal, or right or left of a sliding window? Such blocks contribute
+// exp(-inf) = 0 and are skipped, as every FlashAttention kernel does. The visible range of a row
+// (core/score_mod.h: visible_range) only moves right as the row grows, so the first row's lower end and
+// the last row's upper end bound the block's.
+inline bool block_masked(const Head& hd, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  int64_t lo_first, hi_first, lo_last, hi_last;
+  visible_range(hd.mod, hd.Nk, i0, &lo_first, &hi_first);
+  visible_range(hd.mod, hd.Nk, i0 + rows - 1, &lo_last, &hi_last);
+  return j0 > hi_last || j0 + cols - 1 < lo_first;
 }
 
 // P *= Z / (1 - p) element-wise, for the block at (i0, j0). A no-op without dropout.   P: [rows, cols]

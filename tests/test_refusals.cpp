@@ -212,18 +212,26 @@ TEST(Refusals, ShapeFlagsBesideInputs) {
 
 // ---- score modifiers (--bias, --alibi, --window, --softcap) -------------------------------------------
 
-// Only stages with has_score_mods take them (step 1 for now); the others refuse, naming the flags given.
-TEST(Refusals, ScoreModifiersOnStagesWithoutThem) {
+// Stages with has_score_mods take them (steps 1 and 2, every variant of step 2): step 2 runs them and its
+// --check passes; its backward still refuses the untiled variants, modifiers or not.
+TEST(Refusals, ScoreModifiersOnStep2) {
   const fs::path d = temp_dir("mods_bias");
   write_npy((d / "bias.npy").string(), Tensor({1, 1, 8, 8}));
+  for (const std::string v : {"3pass", "2pass", "online", "fa1", "fa2"})
+    EXPECT_EQ(run_stage_main("step2_online_softmax", {"--seq", "8", "--variant", v, "--window", "2,1", "--alibi",
+                                                      "--softcap", "30", "--bias", (d / "bias.npy").string(), "--check"})
+                  .rc,
+              0)
+        << v;
+  EXPECT_EQ(run_stage_main("step2_online_softmax", {"--seq", "8", "--variant", "fa2", "--causal", "--window", "2,0", "--bias",
+                                                    (d / "bias.npy").string(), "--backward", "--check"})
+                .rc,
+            0);
   expect_refused_without_files(
       "step2_online_softmax",
       {
-          {{"--seq", "8", "--window", "2,0"}, "step2_online_softmax has no score modifiers (--window): step 1's reference has"},
-          {{"--seq", "8", "--alibi", "--softcap", "30"}, "step2_online_softmax has no score modifiers (--alibi, --softcap)"},
-          {{"--seq", "8", "--bias", (d / "bias.npy").string()}, "step2_online_softmax has no score modifiers (--bias)"},
-          {{"--seq", "8", "--alibi", "--alibi-slopes", (d / "bias.npy").string()},
-           "step2_online_softmax has no score modifiers (--alibi, --alibi-slopes)"},
+          {{"--seq", "8", "--variant", "3pass", "--window", "2,0", "--backward"},
+           "--backward needs --variant fa1 or fa2, not 3pass"},
       });
 }
 

@@ -189,7 +189,7 @@ TEST(Step2, HugeLogitsAndMaskedRowsGiveNoNanAndMatchStep1) {
   c.out.lse = Tensor({1, 1, 4});
   Head& hd = c.hd;
   hd.q = c.in.q.ptr(), hd.k = c.in.k.ptr(), hd.v = c.in.v.ptr(), hd.o = c.out.o.ptr(), hd.lse = c.out.lse.ptr();
-  hd.Nq = 4, hd.Nk = 7, hd.d = 1, hd.causal = true, hd.input_pos = -1, hd.scale = 1.0f, hd.drop = {};
+  hd.Nq = 4, hd.Nk = 7, hd.d = 1, hd.mod.causal = true, hd.mod.input_pos = -1, hd.scale = 1.0f, hd.drop = {};
   const std::vector<std::pair<std::string, std::function<void()>>> runs = {
       {"3pass", [&] { step2::attention_3pass(c.hd); }},
       {"2pass", [&] { step2::attention_2pass(c.hd, 2); }},
@@ -425,6 +425,210 @@ std::string features_name(const ::testing::TestParamInfo<Features>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFeatures, Step2Features, ::testing::ValuesIn(features()), features_name);
+
+// ---- score modifiers and masks (core/score_mod.h) ----------------------------------------------------
+
+// A random problem with random score modifiers: a bias of a random broadcast shape (some entries -inf),
+// ALiBi (the standard slopes or given ones), a softcap, a sliding window (either side unbounded or not),
+// on top of random_backward_problem's GQA, causal masks, input_pos and dropout.
+Problem random_mods_problem(uint64_t seed, std::mt19937_64& rng, Inputs& in) {
+  auto pick = [&](int64_t lo, int64_t hi) { return lo + int64_t(rng() % uint64_t(hi - lo + 1)); };
+  Problem p = random_backward_problem(seed, rng);
+  p.bias = pick(0, 1);
+  p.alibi = pick(0, 2) == 0;
+  p.softcap = pick(0, 2) == 0 ? float(pick(1, 20)) : 0.0f;
+  if (pick(0, 1)) {
+    p.window_left = pick(-1, 12);
+    p.window_right = pick(-1, 12);
+  }
+  p.validate();
+  in = random_inputs(p);
+  if (p.bias) {
+    const int64_t bB = pick(0, 1) ? p.B : 1, bH = pick(0, 1) ? p.Hq : 1;
+    in.bias = random_tensor({bB, bH, p.Nq, p.Nk}, seed, 9, 0.0f, DType::fp32);
+    for (float& x : in.bias.data)
+      if (rng() % 16 == 0) x = -kInf;  // a mask given as a bias
+  }
+  if (p.alibi && pick(0, 1)) {
+    in.alibi_slopes = Tensor({p.Hq});
+    for (float& x : in.alibi_slopes.data) x = float(pick(1, 100)) / 100.0f;
+  }
+  return p;
+}
+
+// O and LSE of a whole problem against step 1 in fp64: fully masked rows exactly 0 and -inf.
+void expect_outputs_match_step1(const Problem& p, const Inputs& in, const Outputs& got, const std::string& what) {
+  const auto ref = step1::attention<double>(p, in, false);
+  ASSERT_EQ(got.lse.size(), ref.lse.size()) << what;
+  for (size_t r = 0; r < ref.lse.size(); ++r) {
+    if (std::isinf(ref.lse.data[r])) {
+      ASSERT_EQ(got.lse.data[r], -kInf) << what << " row " << r;
+      for (int64_t c = 0; c < p.d; ++c) ASSERT_EQ(got.o.data[r * size_t(p.d) + size_t(c)], 0.0f) << what << " row " << r;
+      continue;
+    }
+    ASSERT_NEAR(got.lse.data[r], ref.lse.data[r], 2e-5 * std::max(1.0, std::fabs(ref.lse.data[r]))) << what << " row " << r;
+    for (int64_t c = 0; c < p.d; ++c) {
+      const size_t k = r * size_t(p.d) + size_t(c);
+      ASSERT_NEAR(got.o.data[k], ref.o.data[k], 2e-5) << what << " row " << r << " col " << c;
+    }
+  }
+}
+
+// dBias against step 1's in fp64 (shaped like the bias: summed over its broadcast dimensions), within 1e-4
+// of the largest element (at least 1); empty without a bias.
+void expect_dbias_matches_step1(const Problem& p, const Inputs& in, const Outputs& got, const std::string& what) {
+  const auto ref = step1::attention<double>(p, in, true);
+  if (!p.bias) {
+    EXPECT_TRUE(got.dbias.empty()) << what;
+    return;
+  }
+  ASSERT_EQ(got.dbias.shape, in.bias.shape) << what;
+  ASSERT_EQ(got.dbias.size(), ref.dbias.size()) << what;
+  double largest = 1.0;
+  for (double x : ref.dbias.data) largest = std::max(largest, std::fabs(x));
+  for (size_t k = 0; k < ref.dbias.size(); ++k) {
+    ASSERT_TRUE(std::isfinite(got.dbias.data[k])) << what << " dBias element " << k;
+    ASSERT_NEAR(got.dbias.data[k], ref.dbias.data[k], 1e-4 * largest) << what << " dBias element " << k;
+  }
+}
+
+std::string mods_str(const Problem& p) {
+  return p.describe() + " bias " + std::to_string(p.bias) + " alibi " + std::to_string(p.alibi) + " softcap " +
+         std::to_string(p.softcap) + " window " + std::to_string(p.window_left) + "," + std::to_string(p.window_right);
+}
+
+TEST(Step2Mods, EveryVariantMatchesStep1OnRandomModifiersAndTilings) {
+  std::mt19937_64 rng(9);
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    Inputs in;
+    const Problem p = random_mods_problem(seed, rng, in);
+    const step2::Config cfg{random_tile(rng, p.Nk), 1 + int64_t(rng() % 200)};  // budget: Bc = ceil(M / 4d)
+    for (const std::string& v : step2::stage().variants)
+      expect_outputs_match_step1(p, in, step2::attention(p, in, v, cfg),
+                                 v + " tile " + std::to_string(cfg.tile) + " budget " + std::to_string(cfg.budget) +
+                                     " seed " + std::to_string(seed) + " " + mods_str(p));
+  }
+}
+
+TEST(Step2Mods, BothBackwardOrdersMatchStep1WithDbiasOnRandomModifiersAndTilings) {
+  std::mt19937_64 rng(10);
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    Inputs in;
+    const Problem p = random_mods_problem(seed, rng, in);
+    const step2::Blocks bl{random_tile(rng, p.Nq), random_tile(rng, p.Nk)};
+    for (step2::Order order : kOrders) {
+      const Outputs out = run_backward(p, in, order, bl);
+      const std::string what = describe(p, order, bl) + " seed " + std::to_string(seed) + " " + mods_str(p);
+      expect_gradients_match_step1(p, in, out, what);
+      expect_dbias_matches_step1(p, in, out, what);
+    }
+  }
+}
+
+// The named combinations through the harness's check (O, LSE, dQ, dK, dV, dBias), fp32 and bf16, every
+// forward variant and both backward orders.
+struct ModCase {
+  std::string name;
+  int64_t Hq, Hkv;
+  bool causal;
+  int64_t biasB, biasH;  // the bias's leading dims (1: broadcast); 0: no bias
+  bool alibi;
+  float softcap;
+  int64_t wl, wr;
+  float dropout;
+};
+
+TEST(Step2Mods, NamedCombinationsPassTheCheckAgainstStep1) {
+  const ModCase cases[] = {
+      // name                    Hq Hkv causal bB bH alibi softcap wl  wr  dropout
+      {"window",                  4, 4, false, 0, 0, false, 0.0f,  3,  2, 0.0f},
+      {"window_left_only",        4, 4, false, 0, 0, false, 0.0f,  4, -1, 0.0f},
+      {"window_with_causal",      4, 2, true,  0, 0, false, 0.0f,  3, -1, 0.0f},
+      {"alibi_gqa",               6, 2, false, 0, 0, true,  0.0f, -1, -1, 0.0f},
+      {"alibi_gqa_causal",        4, 1, true,  0, 0, true,  0.0f, -1, -1, 0.0f},
+      {"bias_full",               4, 2, false, 2, 4, false, 0.0f, -1, -1, 0.0f},
+      {"bias_over_batch",         4, 2, false, 1, 4, false, 0.0f, -1, -1, 0.0f},
+      {"bias_over_heads",         4, 2, true,  2, 1, false, 0.0f, -1, -1, 0.0f},
+      {"bias_over_batch_heads",   4, 4, false, 1, 1, false, 0.0f, -1, -1, 0.0f},
+      {"softcap",                 4, 4, false, 0, 0, false, 2.0f, -1, -1, 0.0f},
+      {"softcap_dropout",         4, 2, true,  0, 0, false, 2.0f, -1, -1, 0.2f},
+      {"all",                     4, 2, true,  1, 4, true,  5.0f,  4, -1, 0.1f},
+  };
+  for (const ModCase& c : cases)
+    for (DType dt : {DType::fp32, DType::bf16})
+      for (bool bwd : {false, true}) {
+        Problem p;
+        p.B = 2, p.Hq = c.Hq, p.Hkv = c.Hkv, p.Nq = 11, p.Nk = 13, p.d = 8, p.dtype = dt;
+        p.causal = c.causal, p.input_pos = p.Nk - p.Nq, p.scale = 0.4f, p.dropout = c.dropout, p.seed = 5;
+        p.bias = c.biasB > 0, p.alibi = c.alibi, p.softcap = c.softcap, p.window_left = c.wl, p.window_right = c.wr;
+        p.backward = bwd;
+        p.validate();
+        Inputs in = random_inputs(p);
+        if (p.bias) in.bias = random_tensor({c.biasB, c.biasH, p.Nq, p.Nk}, p.seed, 9, 0.0f, DType::fp32);
+        const step2::Config cfg{3, 40};  // tiles of 3 keys; Bc = ceil(40 / 32) = 2, Br = 2: tails everywhere
+        for (const std::string& v : step2::stage().variants) {
+          if (!step2::stage().unsupported(p, v).empty()) continue;  // the backward: fa1 and fa2
+          const std::unique_ptr<Runner> runner = step2::stage(cfg).make(p, in, v);
+          runner->run();
+          if (bwd) runner->run_backward();
+          const Outputs out = runner->outputs();
+          const CheckReport r = check_against_reference(p, in, out);
+          EXPECT_TRUE(r.pass) << c.name << " " << v << " " << p.describe() << ": O " << r.stage[0].max_abs << " LSE "
+                              << r.stage[1].max_abs << " dQ " << r.stage[2].max_abs << " dK " << r.stage[3].max_abs
+                              << " dV " << r.stage[4].max_abs << " dBias " << r.stage[5].max_abs;
+          if (bwd && p.bias) EXPECT_EQ(out.dbias.shape, in.bias.shape) << c.name << " " << v;
+        }
+      }
+}
+
+// A sliding window skips the K/V blocks no row of a Q block sees, in the forward (fa2) and the backward
+// (kv-outer): exactly the blocks with no visible (i, j), counted through the trace's observers.
+void count_visit(const step2::Visit&, void* n) { ++*static_cast<int64_t*>(n); }
+void count_backward_visit(const step2::BackwardVisit&, void* n) { ++*static_cast<int64_t*>(n); }
+
+TEST(Step2Mods, WindowSkipsTheBlocksOutsideIt) {
+  std::mt19937_64 rng(11);
+  for (uint64_t seed = 0; seed < 100; ++seed) {
+    auto pick = [&](int64_t lo, int64_t hi) { return lo + int64_t(rng() % uint64_t(hi - lo + 1)); };
+    Problem p;
+    p.B = p.Hq = p.Hkv = 1, p.Nq = pick(1, 64), p.Nk = pick(1, 64), p.d = 4, p.dtype = DType::fp32, p.scale = 0.5f;
+    p.causal = pick(0, 1), p.input_pos = pick(-3, p.Nk), p.seed = seed, p.backward = true;
+    p.window_left = pick(0, 10), p.window_right = pick(-1, 10);
+    p.validate();
+    const Inputs in = random_inputs(p);
+    const step2::Blocks bl{pick(1, 9), pick(1, 9)};
+    Outputs out;
+    out.o = Tensor({1, 1, p.Nq, p.d});
+    out.lse = Tensor({1, 1, p.Nq});
+    const Head hd = step2::head_of(p, in, out, 0, 0);
+    const ScoreMod mod = score_mod_of(p);
+    int64_t needed = 0, all = 0;
+    for (int64_t i0 = 0; i0 < p.Nq; i0 += bl.Br)
+      for (int64_t j0 = 0; j0 < p.Nk; j0 += bl.Bc) {
+        bool any = false;
+        for (int64_t i = i0; i < std::min(i0 + bl.Br, p.Nq); ++i)
+          for (int64_t j = j0; j < std::min(j0 + bl.Bc, p.Nk); ++j) any = any || visible(mod, i, j);
+        needed += any;
+        ++all;
+      }
+    const std::string what = "seed " + std::to_string(seed) + " Br " + std::to_string(bl.Br) + " Bc " +
+                             std::to_string(bl.Bc) + " " + mods_str(p);
+    int64_t forward = 0;
+    step2::attention_fa2(hd, bl, count_visit, &forward);
+    EXPECT_EQ(forward, needed) << what;
+    expect_outputs_match_step1(p, in, out, what);
+    out.dq = Tensor({1, 1, p.Nq, p.d});
+    out.dk = Tensor({1, 1, p.Nk, p.d});
+    out.dv = Tensor({1, 1, p.Nk, p.d});
+    const Head bh = step2::head_of(p, in, out, 0, 0);
+    int64_t backward = 0;
+    step2::backward_kv_outer({bh}, bl, count_backward_visit, &backward);
+    EXPECT_EQ(backward, needed) << what;
+    if (p.Nq >= 3 * bl.Br && p.Nk >= 3 * bl.Bc && p.window_left < bl.Bc && p.window_right >= 0 &&
+        p.window_right < bl.Bc && p.input_pos == 0)
+      EXPECT_LT(needed, all) << what;  // a narrow band leaves blocks out
+  }
+}
 
 }  // namespace
 }  // namespace fa
