@@ -45,19 +45,6 @@ struct SplitParams {
   int tiles_per_split;  // K/V tiles of Bc keys per split
 };
 
-// The scores of keys a row does not see set to -inf, for a thread whose rows g and g + 8 are query rows i0
-// and i8 (mask.h's apply_mask, with each row's position given: packed rows are not consecutive positions).
-template <int NT>
-__device__ __forceinline__ void mask_rows(float (&s)[NT][4], int i0, int i8, int key_2t, const AttnParams& p) {
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int j = key_2t + nt * 8 + (e & 1);
-      if (j >= p.Nk || !sees(p.causal, p.input_pos, e < 2 ? i0 : i8, j)) s[nt][e] = -INFINITY;
-    }
-}
-
 // grid = (ceil(view Nq / Br) * view Hq * B, splits), block = 32 * kWarps threads, shared memory kFwdSmemBytes<Tr>.
 template <class Tr, bool kDropout, bool kPacked>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -166,7 +153,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // Mask only where needed: the tail of K, or a tile that crosses the diagonal of this warp's earliest row.
     const int key0 = (n_begin + n) * Bc;
-    if (keys_need_mask(p, p.input_pos + i_warp, key0, Bc)) mask_rows(s, pos(row_g), pos(row_g + 8), key0 + 2 * t, p);
+    if (keys_need_mask(p, p.input_pos + i_warp, key0, Bc)) apply_mask(s, pos(row_g), pos(row_g + 8), key0 + 2 * t, p.Nk, p.causal, p.input_pos);
 
     softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
     if constexpr (kDropout) keep.apply(s, p.dropout.keep_scale);

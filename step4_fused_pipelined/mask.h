@@ -33,19 +33,25 @@ __device__ __forceinline__ bool tile_needs_mask(const AttnParams& p, int q0, int
   return q0 + rows > p.Nq || k0 + cols > p.Nk || (p.causal && int64_t(k0) + cols - 1 > p.input_pos + q0);
 }
 
-// Sets the scores of keys a row does not see to -inf. row_g: absolute query row of this thread's row g;
-// key_2t: absolute key of its column 2t in n-tile 0.
+// Sets the scores of keys a row does not see to -inf. i0, i8: the query rows (position - input_pos) of this
+// thread's rows g and g + 8; key_2t: absolute key of its column 2t in n-tile 0.
 template <int NT>
-__device__ __forceinline__ void apply_mask(float (&s)[NT][4], int row_g, int key_2t, int Nk, bool causal,
+__device__ __forceinline__ void apply_mask(float (&s)[NT][4], int i0, int i8, int key_2t, int Nk, bool causal,
                                            int64_t input_pos) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = key_2t + nt * 8 + (e & 1);
-      const int i = row_g + (e >> 1) * 8;
+      const int i = e < 2 ? i0 : i8;
       if (j >= Nk || !sees(causal, input_pos, i, j)) s[nt][e] = -INFINITY;
     }
+}
+// The usual tile, whose rows are consecutive query rows: row_g and row_g + 8 (4e's packed tiles are not).
+template <int NT>
+__device__ __forceinline__ void apply_mask(float (&s)[NT][4], int row_g, int key_2t, int Nk, bool causal,
+                                           int64_t input_pos) {
+  apply_mask(s, row_g, row_g + 8, key_2t, Nk, causal, input_pos);
 }
 
 }  // namespace fa::step4

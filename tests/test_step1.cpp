@@ -155,27 +155,32 @@ double loss(const Problem& p, const Inputs& in) {
   return s;
 }
 
+// Central differences of loss() against an analytic gradient, at every `stride`-th element of x (one of
+// in's tensors, perturbed in place and restored). Inputs are float; a step of 1e-2 keeps
+// (L(x+h) - L(x-h)) / 2h accurate to ~1e-5 (O(h^2) truncation).
+void expect_central_differences(const Problem& p, Inputs& in, Tensor& x, const TensorT<double>& grad,
+                                const char* name, size_t stride) {
+  ASSERT_EQ(grad.shape, x.shape) << name;
+  const float h = 1e-2f;
+  for (size_t k = 0; k < x.size(); k += stride) {
+    const float x0 = x.data[k];
+    x.data[k] = x0 + h;
+    const double lp = loss(p, in);
+    x.data[k] = x0 - h;
+    const double lm = loss(p, in);
+    x.data[k] = x0;
+    const double fd = (lp - lm) / (2.0 * double(h));
+    ASSERT_NEAR(grad.data[k], fd, 2e-3 * std::max(1.0, std::fabs(fd))) << name << " element " << k;
+  }
+}
+
 TEST_P(Step1Features, BackwardMatchesFiniteDifferences) {
   const Problem p = make_problem(GetParam(), true);
   Inputs in = random_inputs(p);
   const auto r = step1::attention<double>(p, in, true);
-  // Inputs are float; a step of 1e-2 keeps (L(x+h) - L(x-h)) / 2h accurate to ~1e-5 (O(h^2) truncation).
-  const float h = 1e-2f;
-  auto fd_check = [&](Tensor& x, const TensorT<double>& grad, const char* name) {
-    for (size_t k = 0; k < x.size(); k += 3) {
-      const float x0 = x.data[k];
-      x.data[k] = x0 + h;
-      const double lp = loss(p, in);
-      x.data[k] = x0 - h;
-      const double lm = loss(p, in);
-      x.data[k] = x0;
-      const double fd = (lp - lm) / (2.0 * double(h));
-      ASSERT_NEAR(grad.data[k], fd, 2e-3 * std::max(1.0, std::fabs(fd))) << name << " element " << k;
-    }
-  };
-  fd_check(in.q, r.dq, "dQ");
-  fd_check(in.k, r.dk, "dK");
-  fd_check(in.v, r.dv, "dV");
+  expect_central_differences(p, in, in.q, r.dq, "dQ", 3);
+  expect_central_differences(p, in, in.k, r.dk, "dK", 3);
+  expect_central_differences(p, in, in.v, r.dv, "dV", 3);
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -299,25 +304,11 @@ TEST_P(Step1ScoreMods, BackwardMatchesFiniteDifferences) {
   const auto r = step1::attention<double>(p, in, true);
   for (const auto* t : {&r.dq, &r.dk, &r.dv, &r.dbias})
     for (double x : t->data) ASSERT_FALSE(std::isnan(x));
-  const float h = 1e-2f;
-  auto fd_check = [&](Tensor& x, const TensorT<double>& grad, const char* name) {
-    ASSERT_EQ(grad.shape, x.shape) << name;
-    for (size_t k = 0; k < x.size(); k += 2) {
-      const float x0 = x.data[k];
-      x.data[k] = x0 + h;
-      const double lp = loss(p, in);
-      x.data[k] = x0 - h;
-      const double lm = loss(p, in);
-      x.data[k] = x0;
-      const double fd = (lp - lm) / (2.0 * double(h));
-      ASSERT_NEAR(grad.data[k], fd, 2e-3 * std::max(1.0, std::fabs(fd))) << name << " element " << k;
-    }
-  };
-  fd_check(in.q, r.dq, "dQ");
-  fd_check(in.k, r.dk, "dK");
-  fd_check(in.v, r.dv, "dV");
+  expect_central_differences(p, in, in.q, r.dq, "dQ", 2);
+  expect_central_differences(p, in, in.k, r.dk, "dK", 2);
+  expect_central_differences(p, in, in.v, r.dv, "dV", 2);
   if (p.bias) {
-    fd_check(in.bias, r.dbias, "dBias");
+    expect_central_differences(p, in, in.bias, r.dbias, "dBias", 2);
   } else {
     EXPECT_TRUE(r.dbias.empty());
   }
