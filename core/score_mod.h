@@ -76,19 +76,66 @@ FA_HD void visible_range(const ScoreMod& m, int64_t Nk, int64_t i, int64_t* lo, 
   *hi = b;
 }
 
+// Which value modifiers a caller compiled in (a kernel's kMods, step4_fused_pipelined/score_mod.cuh): the
+// others are skipped without a test, and a lone one is applied without testing its flag. kModifyAny (the
+// host, and a kernel built for any combination) tests each flag at run time.
+enum ModBits : int { kModMask = 1, kModBias = 2, kModAlibi = 4, kModSoftcap = 8, kModifyAny = 14 };
+
+// tanh for the softcap: the hardware's MUFU.TANH (tanh.approx.f32, relative error about 2^-11, far below
+// a bf16 score's rounding) in a kernel's float scores; std::tanh elsewhere (the host, and fp64).
+template <typename T>
+FA_HD T softcap_tanh(T x) {
+#ifdef __CUDA_ARCH__
+  if constexpr (sizeof(T) == sizeof(float)) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(float(x)));
+    return T(y);
+  }
+#endif
+  return std::tanh(x);
+}
+
 // The score after the modifier, before the mask: s is scale * q.k (already scaled), `bias` the element of
-// the bias tensor for (b, h, i, j) or 0. A -inf score (a -inf bias: a mask given as a bias) stays -inf
-// through the softcap, where c * tanh(-inf / c) would make it -c and unmask it.
+// the bias tensor for (b, h, i, j) or 0, `slope` the ALiBi slope of query head h (read only with m.alibi),
+// `dist` = j - (input_pos + i), the key's distance from the row's diagonal. A -inf score (a -inf bias: a
+// mask given as a bias) stays -inf through the softcap, where c * tanh(-inf / c) would make it -c and
+// unmask it. The one definition; the overloads below look up what a kernel keeps per row.
+template <int kWhich = kModifyAny, typename T, typename Dist>
+FA_HD T modify_at(const ScoreMod& m, T s, T bias, float slope, Dist dist) {
+  constexpr bool kLone = kWhich == kModBias || kWhich == kModAlibi || kWhich == kModSoftcap;
+  if constexpr ((kWhich & kModBias) != 0) s += bias;
+  if constexpr ((kWhich & kModAlibi) != 0)
+    if (kLone || m.alibi) s -= T(slope) * T(dist < 0 ? -dist : dist);
+  if constexpr ((kWhich & kModSoftcap) != 0)
+    if ((kLone || m.softcap > 0.0f) && s != -T(INFINITY))  // times 1/c, not / c: a kernel hoists 1/c
+      s = T(m.softcap) * softcap_tanh(s * (T(1) / T(m.softcap)));
+  return s;
+}
+// The ALiBi slope of query head h: the given one, or the standard series.
+FA_HD float head_slope(const ScoreMod& m, int64_t h) {
+  return !m.alibi ? 0.0f : m.slopes ? m.slopes[h] : alibi_slope(h, m.Hq);
+}
+template <typename T>
+FA_HD T modify_with_slope(const ScoreMod& m, T s, T bias, float slope, int64_t i, int64_t j) {
+  return modify_at(m, s, bias, slope, j - (m.input_pos + i));
+}
 template <typename T>
 FA_HD T modify(const ScoreMod& m, T s, T bias, int64_t h, int64_t i, int64_t j) {
-  s += bias;
-  if (m.alibi) {
-    const int64_t dist = j - (m.input_pos + i);
-    const float slope = m.slopes ? m.slopes[h] : alibi_slope(h, m.Hq);
-    s -= T(slope) * T(dist < 0 ? -dist : dist);
-  }
-  if (m.softcap > 0.0f && s != -T(INFINITY)) s = T(m.softcap) * std::tanh(s / T(m.softcap));
-  return s;
+  return modify_with_slope(m, s, bias, head_slope(m, h), i, j);
+}
+
+// Does the modifier change the value of a visible score (a bias, ALiBi or a softcap)? Without, only
+// the mask acts, and a kernel can leave the tiles the mask does not cut untouched.
+FA_HD bool changes_values(const ScoreMod& m, bool has_bias) { return has_bias || m.alibi || m.softcap > 0.0f; }
+
+// Is every key of [k0, k0 + cols) visible to every row of [i0, i1], and inside K? The band of visible keys
+// moves right as i grows, so the first row bounds the right edge and the last row the left one. A tile for
+// which this holds needs no mask (with no value modifier, no per-element work at all).
+FA_HD bool tile_all_visible(const ScoreMod& m, int64_t Nk, int64_t i0, int64_t i1, int64_t k0, int64_t cols) {
+  int64_t lo0, hi0, lo1, hi1;
+  visible_range(m, Nk, i0, &lo0, &hi0);
+  visible_range(m, Nk, i1, &lo1, &hi1);
+  return k0 + cols - 1 <= hi0 && lo1 <= k0;
 }
 
 // The softcap's derivative d(capped)/d(pre-softcap) = 1 - tanh^2(s_pre / c), written with the capped

@@ -6,9 +6,12 @@
 
 #include "gpu/cuda_util.h"
 #include "core/dropout.h"
+#include "core/score_mod.h"
 #include "core/stage.h"
 
 namespace fa {
+
+struct ModParams;
 
 // What a forward kernel needs, passed by value. Tensors are contiguous [B, H, N, d].
 struct AttnParams {
@@ -24,6 +27,17 @@ struct AttnParams {
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e): exp(scale * s) = exp2(scale_log2 * s)
   DropoutParams dropout;
+  const ModParams* mods;  // score modifiers, in device memory; nullptr without (below)
+};
+
+// Score modifiers and masks (core/score_mod.h), as the kernels compiled with them (kMods) read them: from
+// device memory, through one pointer of AttnParams. (Held in AttnParams itself, these 88 bytes would push
+// the parameter block past the size up to which the compiler keeps it in registers, and change the code
+// of every plain kernel.)
+struct ModParams {
+  ScoreMod mod;       // causal, input_pos, ALiBi (mod.slopes: a device array [Hq]), softcap, window
+  const float* bias;  // [B or 1, Hq or 1, Nq, Nk] float32; nullptr: no bias
+  int64_t bias_stride_b, bias_stride_h;  // elements between batches and heads of the bias; 0 where broadcast
 };
 
 class GpuRunner : public Runner {
@@ -35,6 +49,7 @@ class GpuRunner : public Runner {
  protected:
   Problem p_;
   DeviceBuffer q_, k_, v_, o_, lse_;
+  DeviceBuffer bias_, slopes_, mods_;  // with score modifiers: the bias, ALiBi's slopes (float32), ModParams
   AttnParams params_{};
 };
 

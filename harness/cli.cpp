@@ -169,8 +169,9 @@ void check_common_flags(const Stage& s, const CommonOptions& o) {
                                     {"--window", !o.window.empty()},
                                     {"--softcap", o.softcap.has_value()}})
       if (set) mods += (mods.empty() ? "" : ", ") + std::string(flag);
-    if (!mods.empty() && !s.has_score_mods)
-      throw std::invalid_argument(s.name + " has no score modifiers (" + mods + "): steps 1 and 2 have them");
+    if (!mods.empty() && !s.has_score_mods)  // a stage that does not declare has_score_mods (core/stage.h)
+      throw std::invalid_argument(s.name + " has no score modifiers (" + mods + "): every stage of the course has "
+                                  "them, steps 1 to 6 (step 4 in its 4d and 4e configurations)");
   }
   if (o.tuned && s.tuning_variants.empty())
     throw std::invalid_argument(s.name + " has no configurations to tune (--tuned)");
@@ -465,6 +466,8 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
                         {"input_pos", p.input_pos}, {"scale", p.scale},    {"dtype", dtype_name(p.dtype)},
                         {"dropout", p.dropout}, {"seed", p.seed},          {"backward", p.backward},
                         {"device", device_name(s)}, {"cuda", runtime_version(s)}, {"git", git_revision()}};
+  if (s.config_of && s.platform)  // the configuration the variant ran on this GPU ("Br128-Bc128-W8-S2")
+    rec["config"] = s.config_of(p, variant, s.platform->compute_capability_major());
   if (o.check) {
     const CheckReport r = check_against(oracle, p, in, out);
     std::printf("check against step 1 (fp64), rule: max_abs <= 2 * naive_lowp + 1e-5 * max(1, |ref|)\n");

@@ -17,6 +17,10 @@
 // CUDA cores (about 1/15 of the tensor cores' rate on an H100), and every weight is broadcast by a
 // shuffle. Step 4 fixes all four: tiles of Q share K/V through shared memory, loaded by TMA, and
 // mma.sync does the products.
+//
+// Score modifiers (kMods, core/score_mod.h): each score goes through modify_with_slope() and visible()
+// before the softmax, and a window starts the key loop at the row's first visible key; without kMods the
+// kernel is the plain one above, instruction for instruction.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -25,6 +29,7 @@
 #include "gpu/gpu_types.h"
 #include "core/online_softmax.h"
 #include "core/problem.h"
+#include "core/score_mod.h"
 
 namespace fa::step3 {
 
@@ -56,7 +61,9 @@ __device__ __forceinline__ float dot_row(const float (&q)[D], const T* __restric
 }
 
 // grid = (ceil(Nq / kWarpsPerBlock), Hq, B), block = 32 * kWarpsPerBlock threads; warp w owns row i.
-template <typename T, int D>
+// kMods: the score modifiers and masks of *p.mods (core/score_mod.h); launch.cu sets it only when the
+// problem has one, so a plain problem runs the plain kernel.
+template <typename T, int D, bool kMods = false>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) naive_forward(const AttnParams p) {
   constexpr int kCols = D / 32;  // output columns per lane: lane owns columns lane, lane + 32, ...
   const int lane = threadIdx.x % 32;
@@ -75,13 +82,34 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) naive_forward(const AttnP
 
   float acc[kCols] = {};
   SoftmaxState st;  // (m_i, l_i) of this row; identical in all 32 lanes
-  const int n_keys = int(visible_keys(p.causal, p.input_pos, p.Nk, i));  // causal: stop at the diagonal
+  // The row reads keys first .. n_keys - 1: causal stops at the diagonal; with kMods, the mask's band of
+  // visible keys (causal and window, core/score_mod.h: visible_range) bounds both ends, so a window also
+  // starts the loop at its left edge: the keys before it are never read (tile skipping, in its simplest form).
+  int first = 0, n_keys = int(visible_keys(p.causal, p.input_pos, p.Nk, i));
+  ScoreMod mod;                     // kMods: the modifier (p.mods, in device memory; read once)
+  const float* bias_row = nullptr;  // kMods: row i of the bias of (b, h), [Nk], or nullptr
+  float slope = 0.0f;               // kMods: this head's ALiBi slope
+  if constexpr (kMods) {
+    const ModParams mp = *p.mods;
+    mod = mp.mod;
+    int64_t lo, hi;
+    visible_range(mod, p.Nk, i, &lo, &hi);
+    first = lo <= hi ? int(lo) : 0;
+    n_keys = lo <= hi ? int(hi + 1) : 0;
+    if (mp.bias) bias_row = mp.bias + b * mp.bias_stride_b + h * mp.bias_stride_h + int64_t(i) * p.Nk;
+    slope = head_slope(mod, h);
+  }
 
-  for (int t0 = 0; t0 < n_keys; t0 += 32) {
+  for (int t0 = first; t0 < n_keys; t0 += 32) {
     const int j = t0 + lane;  // this lane's key
-    const float s = j < n_keys ? dot_row<T, D>(q, K + int64_t(j) * D) : -INFINITY;
-    const float alpha = online_rescale(st, warp_max(s));  // st.m is now finite: the tile has a visible key
-    const float p_j = j < n_keys ? expf(s - st.m) : 0.0f;
+    float s = j < n_keys ? dot_row<T, D>(q, K + int64_t(j) * D) : -INFINITY;
+    if constexpr (kMods)  // the modifier, then the mask: core/score_mod.h, element by element
+      if (j < n_keys) s = visible(mod, i, j) ? modify_with_slope(mod, s, bias_row ? bias_row[j] : 0.0f, slope, i, j)
+                                              : -INFINITY;
+    // Without kMods st.m is now finite: the tile has a visible key. With them a -inf bias may mask a whole
+    // tile, and st.m may still be -inf: such a score weighs 0 (not exp(-inf - -inf) = NaN).
+    const float alpha = online_rescale(st, warp_max(s));
+    const float p_j = (kMods ? s != -INFINITY : j < n_keys) ? expf(s - st.m) : 0.0f;
     st.l += warp_sum(p_j);  // l counts every weight, dropped or not: dropout acts after normalisation
     const float w_j = dropout_keep(p.dropout, b, h, i, j) ? p_j * p.dropout.keep_scale : 0.0f;
 

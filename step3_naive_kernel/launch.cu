@@ -15,7 +15,10 @@ class NaiveRunner final : public GpuRunner {
       dispatch_head_dim(int(p_.d), [&](auto dim) {
         constexpr int D = decltype(dim)::value;
         const dim3 grid((p_.Nq + kWarpsPerBlock - 1) / kWarpsPerBlock, p_.Hq, p_.B);
-        naive_forward<T, D><<<grid, 32 * kWarpsPerBlock>>>(params_);
+        if (p_.has_score_mods())  // the kernel with the modifiers: a plain problem never pays for them
+          naive_forward<T, D, true><<<grid, 32 * kWarpsPerBlock>>>(params_);
+        else
+          naive_forward<T, D><<<grid, 32 * kWarpsPerBlock>>>(params_);
         CUDA_CHECK_LAUNCH();
       });
     });
@@ -29,6 +32,7 @@ Stage stage() {
   s.name = "step3_naive_kernel";
   s.title = "naive CUDA kernel: one warp per row, K/V through registers, fp32 CUDA cores";
   s.platform = &cuda_platform();
+  s.has_score_mods = true;  // --bias, --alibi, --softcap, --window: naive_forward<T, D, /*kMods=*/true>
   s.unsupported = [](const Problem& p, const std::string&) {
     if (p.Nq > 65535 * kWarpsPerBlock || p.Hq > 65535 || p.B > 65535) return std::string("grid too large");
     return head_dim_unsupported(p.d);

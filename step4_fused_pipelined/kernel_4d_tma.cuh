@@ -14,7 +14,9 @@
 //  - 128-byte swizzled tiles (TMA writes them, ldmatrix reads them without bank conflicts);
 //  - S = Q K^T and O += P V on the tensor cores (mma.sync.m16n8k16, fp32 accumulators); P goes from the
 //    S accumulators straight into A fragments: no shared-memory round trip;
-//  - causal: tiles above the diagonal are never loaded, and only tiles that cross it are masked.
+//  - causal: tiles above the diagonal are never loaded, and only tiles that cross it are masked;
+//  - compiled with kMods, the score modifiers and masks of score_mod.cuh: a bias, ALiBi, a softcap act on
+//    every score, a sliding window's outside tiles are never loaded (kMods = 0: none of this code).
 // Paper equations (FlashAttention-2, Alg. 1, lines 8-12), per K/V tile j, rows of the block's tile i:
 //   S_i^(j) = Q_i K_j^T;  m_i^(j) = max(m_i^(j-1), rowmax(S_i^(j)));  P_i^(j) = exp(S_i^(j) - m_i^(j))
 //   l_i^(j) = e^(m_i^(j-1) - m_i^(j)) l_i^(j-1) + rowsum(P_i^(j));  O_i^(j) = e^(..) O_i^(j-1) + P_i^(j) V_j
@@ -36,12 +38,13 @@
 #include "step4_fused_pipelined/mask.h"
 #include "step4_fused_pipelined/ring.cuh"
 #include "step4_fused_pipelined/scheduler.cuh"
+#include "step4_fused_pipelined/score_mod.cuh"
 #include "step4_fused_pipelined/softmax.h"
 
 namespace fa::step4 {
 
 // grid = (ceil(Nq / Br) * Hq * B), block = 32 * kWarps threads, dynamic shared memory kFwdSmemBytes<Tr>.
-template <class Tr, bool kDropout>
+template <class Tr, bool kDropout, int kMods = 0>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     fused_forward(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                   const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
@@ -59,18 +62,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const QueryTileWork w(p, Br, Bc, Tr::kOrder);  // which query tile, which K/V tiles (scheduler.cuh)
+  const ScoreMods<kMods == 0 ? kModMask : kMods> mods(p);  // kMods: the score modifiers (read from p.mods), else unused
+  const QueryTileWork w(p, Br, Bc, Tr::kOrder, kMods != 0 ? &mods.m : nullptr);  // which query tile, which K/V tiles (scheduler.cuh)
 
   // One thread issues every TMA copy: K (or V) tile n into its ring's slot.
   auto load_k = [&](int n) {
     uint64_t* bar = k_ring.expect(n, Tr::kKVBytes);
 #pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.k[0] + (k_ring.slot(n) * kPanels + c) * Bc * 64, &tm_k, c * 64, n * Bc, w.bh_kv, bar);
+    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.k[0] + (k_ring.slot(n) * kPanels + c) * Bc * 64, &tm_k, c * 64, (w.n_begin + n) * Bc, w.bh_kv, bar);
   };
   auto load_v = [&](int n) {
     uint64_t* bar = v_ring.expect(n, Tr::kKVBytes);
 #pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.v[0] + (v_ring.slot(n) * kPanels + c) * Bc * 64, &tm_v, c * 64, n * Bc, w.bh_kv, bar);
+    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.v[0] + (v_ring.slot(n) * kPanels + c) * Bc * 64, &tm_v, c * 64, (w.n_begin + n) * Bc, w.bh_kv, bar);
   };
   // The producer, in iteration n >= 1: K and V tile n + kStages - 1 into the slots of tile n - 1, which every
   // warp released in its previous iteration (K after its Q K^T, V after its P V).
@@ -107,13 +111,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float o[kOTiles][4] = {};  // O accumulators: rows g, g+8; columns nd*8 + 2t, +1
   RowSoftmax<kSTiles, kOTiles> softmax;
   const int row_g = w.m0 + 16 * warp + g;  // absolute query row of this thread's row g
+  // kMods: this thread's two rows as the modifier sees them
+  const ModRow mod_g = kMods != 0 ? mods.row(w.b, w.h, row_g) : ModRow{}, mod_g8 = kMods != 0 ? mods.row(w.b, w.h, row_g + 8) : ModRow{};
+  const ModRow mod_warp = kMods != 0 ? mods.common(w.m0 + 16 * warp, w.m0 + 16 * warp + 15) : ModRow{};  // keys all its rows see
 
   for (int n = 0; n < w.n_tiles; ++n) {
     if constexpr (kStages == 1) refill(n);  // one slot: tile n can only be loaded once n-1 is released
 
     // Dropout's keep mask of this tile depends on positions only: drawn here, where S is not yet live.
     DropoutMask keep{};
-    if constexpr (kDropout) keep = DropoutMask::draw<kSTiles>(p.dropout, w.b, w.h, row_g, n * Bc + 2 * t);
+    if constexpr (kDropout) keep = DropoutMask::draw<kSTiles>(p.dropout, w.b, w.h, row_g, (w.n_begin + n) * Bc + 2 * t);
 
     // S = Q K^T: [16 rows, Bc keys] per warp (fragments.cuh).
     float s[kSTiles][4] = {};
@@ -124,9 +131,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     if constexpr (kStages > 1) refill(n);  // after this warp's Q K^T: the other warps are likely done with n-1
 
-    // Mask only where needed: the tail of K, or a tile that crosses this warp's diagonal.
-    const int key0 = n * Bc;
-    if (keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc)) apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
+    // Mask only where needed: the tail of K, or a tile that crosses this warp's diagonal. With modifiers:
+    // every tile when one changes values, else the tiles the mask or an end cuts (score_mod.cuh).
+    const int key0 = (w.n_begin + n) * Bc;
+    if constexpr (kMods != 0) {
+      if (mods.needed(mod_warp, key0, Bc)) mods.apply(s, mod_g, mod_g8, key0 + 2 * t);
+    } else if (keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc)) {
+      apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
+    }
 
     softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
     if constexpr (kDropout) keep.apply(s, p.dropout.keep_scale);

@@ -17,7 +17,8 @@
 // its keys; the merge (m, l, acc) (+) (m', l', acc') = (max, e^(m - max) l + e^(m' - max) l', ...) of all
 // splits, in any order, is the state over all keys. Stored as (LSE_s, O_s) = (m_s + log l_s, acc_s / l_s),
 // which is the state (LSE_s, 1, O_s).
-// A warp whose rows all lie past the last row (most of a tile, at decode) skips the math.
+// A warp whose rows all lie past the last row (most of a tile, at decode) skips the math. Compiled with
+// kMods, the score modifiers of score_mod.cuh, as in 4d; a window narrows the tiles the splits divide.
 // Limits: no dropout with packed heads (a tile's rows would need per-row dropout heads; the launcher packs
 // only without dropout); the workspace costs splits x B x Hq x Nq x (d + 1) floats.
 #pragma once
@@ -32,6 +33,7 @@
 #include "step4_fused_pipelined/mask.h"
 #include "step4_fused_pipelined/ring.cuh"
 #include "step4_fused_pipelined/scheduler.cuh"
+#include "step4_fused_pipelined/score_mod.cuh"
 #include "step4_fused_pipelined/softmax.h"
 
 namespace fa::step4 {
@@ -46,7 +48,7 @@ struct SplitParams {
 };
 
 // grid = (ceil(view Nq / Br) * view Hq * B, splits), block = 32 * kWarps threads, shared memory kFwdSmemBytes<Tr>.
-template <class Tr, bool kDropout, bool kPacked>
+template <class Tr, bool kDropout, bool kPacked, int kMods = 0>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     split_kv_forward(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                      const __grid_constant__ CUtensorMap tm_v, const AttnParams p, const SplitParams sp) {
@@ -64,14 +66,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
+  const ScoreMods<kMods == 0 ? kModMask : kMods> mods(p);  // kMods: the score modifiers (read from p.mods), else unused
   const QueryTileWork w(sp.view, Br, Bc);  // which tile of the view (scheduler.cuh); its n_tiles is not used
   auto pos = [&](int r) { return kPacked ? r % p.Nq : r; };  // the query row (position - input_pos) of tile row r
   // The K/V tiles the tile's rows see (causal: up to the latest row's diagonal), and this split's share.
   const int last_row = min(w.m0 + Br, sp.view.Nq) - 1;
-  const int last_i = kPacked && last_row / p.Nq != w.m0 / p.Nq ? p.Nq - 1 : pos(last_row);
+  const bool spans_heads = kPacked && last_row / p.Nq != w.m0 / p.Nq;  // the tile's positions wrap around
+  const int last_i = spans_heads ? p.Nq - 1 : pos(last_row);
   const int64_t last_key = p.causal ? min(int64_t(p.Nk) - 1, p.input_pos + last_i) : int64_t(p.Nk) - 1;
-  const int n_all = last_key < 0 ? 0 : int(last_key / Bc) + 1;
-  const int n_begin = blockIdx.y * sp.tiles_per_split;            // this split's first K/V tile
+  int n_first = 0, n_all = last_key < 0 ? 0 : int(last_key / Bc) + 1;
+  if constexpr (kMods != 0) {  // a window: from the earliest row's left edge to the latest row's right edge
+    int64_t lo, hi, lo_last, hi_last;
+    visible_range(mods.m, p.Nk, spans_heads ? 0 : pos(w.m0), &lo, &hi);
+    visible_range(mods.m, p.Nk, last_i, &lo_last, &hi_last);
+    n_first = int(lo / Bc);
+    n_all = hi_last < lo ? n_first : int(hi_last / Bc) + 1;
+  }
+  const int n_begin = n_first + blockIdx.y * sp.tiles_per_split;  // this split's first K/V tile
   const int n_tiles = max(0, min(n_all, n_begin + sp.tiles_per_split) - n_begin);
 
   // One thread issues every TMA copy: K (or V) tile n_begin + n into its ring's slot n.
@@ -122,6 +133,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int row_g = w.m0 + 16 * warp + g;  // tile row (of the view) of this thread's row g
   const int r_warp = w.m0 + 16 * warp;     // the warp's first row; the earliest position among its rows:
   const int i_warp = kPacked && r_warp % p.Nq + 15 >= p.Nq ? 0 : pos(r_warp);
+  const int i_warp_last = kPacked && r_warp % p.Nq + 15 >= p.Nq ? p.Nq - 1 : pos(r_warp + 15);  // latest position
+  // kMods: this thread's two rows as the modifier sees them (a packed row's head: its group's g-th).
+  auto mod_row = [&](int r) {  // a padding row past the view's last row: masked, and never a head past Hq
+    return r >= sp.view.Nq ? ModRow{1, 0, 0, nullptr, 0.0f} : mods.row(w.b, kPacked ? w.h * p.group + r / p.Nq : w.h, pos(r));
+  };
+  const ModRow mod_g = kMods != 0 ? mod_row(row_g) : ModRow{}, mod_g8 = kMods != 0 ? mod_row(row_g + 8) : ModRow{};
+  const ModRow mod_warp = kMods != 0 ? mods.common(i_warp, i_warp_last) : ModRow{};  // keys all its rows see
 
   // Decoding leaves warps with no row at all (g * Nq = 4 rows fill a quarter of warp 0): they compute nothing,
   // but still wait for every tile and release it, since the ring counts every warp's release (and waiting for
@@ -153,7 +171,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // Mask only where needed: the tail of K, or a tile that crosses the diagonal of this warp's earliest row.
     const int key0 = (n_begin + n) * Bc;
-    if (keys_need_mask(p, p.input_pos + i_warp, key0, Bc)) apply_mask(s, pos(row_g), pos(row_g + 8), key0 + 2 * t, p.Nk, p.causal, p.input_pos);
+    if constexpr (kMods != 0) {
+      if (mods.needed(mod_warp, key0, Bc)) mods.apply(s, mod_g, mod_g8, key0 + 2 * t);
+    } else if (keys_need_mask(p, p.input_pos + i_warp, key0, Bc)) {
+      apply_mask(s, pos(row_g), pos(row_g + 8), key0 + 2 * t, p.Nk, p.causal, p.input_pos);
+    }
 
     softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
     if constexpr (kDropout) keep.apply(s, p.dropout.keep_scale);

@@ -75,6 +75,9 @@ struct FwdTraits {
   static constexpr TileCopy kCopy = kTiles.copy;
   static constexpr TileOrder kOrder = kTiles.head_fast ? TileOrder::kHeadFast : TileOrder::kTileFast;
   static constexpr bool kSplitKv = kTiles.split_kv;
+  // Score modifiers (score_mod.cuh) are compiled into the TMA kernels with swizzled tiles in the default
+  // block order, the ones a user runs and step 6 tunes; the chapter's lessons and ablations run without.
+  static constexpr bool kHasMods = kCopy == TileCopy::kTma && kLayout == SmemLayout::kSwizzle && !kTiles.head_fast;
   static constexpr int kWarps = Br / 16;           // each warp owns 16 query rows: one m16 tile of mma.sync
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kPanelCols = 64;            // 64 x 16-bit = 128 bytes: one row of a swizzle panel

@@ -7,6 +7,8 @@
 // its rows see: all of K, or (causal) up to the diagonal of its last row. Step 5's dQ kernel walks the
 // same schedule. The ablation TileOrder::kHeadFast makes the head the fast index instead: the blocks in
 // flight then read as many different heads' K/V as there are blocks (docs/results/step4.md, row 14).
+// With a sliding window (kernels compiled with score modifiers, score_mod.cuh), a block visits only the K/V
+// tiles some row of it sees, from the first row's left edge to the last row's right edge: n_begin > 0.
 #pragma once
 #include <cstdint>
 
@@ -18,9 +20,13 @@ namespace fa::step4 {
 struct QueryTileWork {
   int b, h, bh, bh_kv;  // batch, query head, their flat index, the flat index of its KV head (GQA)
   int m0;               // first query row of the tile
-  int n_tiles;          // K/V tiles of Bc keys the tile's rows see
+  int n_begin = 0;      // the first K/V tile the tile's rows see (0 unless a window cuts the left)
+  int n_tiles;          // K/V tiles of Bc keys the tile's rows see, from n_begin on
 
-  __device__ QueryTileWork(const AttnParams& p, int Br, int Bc, TileOrder order = TileOrder::kTileFast) {
+  // window: the score modifiers of a kernel compiled with them (score_mod.cuh), whose window may cut both
+  // ends; the plain kernels pass none.
+  __device__ QueryTileWork(const AttnParams& p, int Br, int Bc, TileOrder order = TileOrder::kTileFast,
+                           const ScoreMod* window = nullptr) {
     const int num_m = (p.Nq + Br - 1) / Br;
     int m_block = blockIdx.x % num_m;
     bh = blockIdx.x / num_m;
@@ -36,6 +42,13 @@ struct QueryTileWork {
     const int64_t last_row = min(m0 + Br, p.Nq) - 1;
     const int64_t last_key = p.causal ? min(int64_t(p.Nk) - 1, p.input_pos + last_row) : int64_t(p.Nk) - 1;
     n_tiles = last_key < 0 ? 0 : int(last_key / Bc) + 1;
+    if (window) {  // core/score_mod.h: the band of keys row i sees moves right as i grows
+      int64_t lo_first, hi_first, lo_last, hi_last;
+      visible_range(*window, p.Nk, m0, &lo_first, &hi_first);
+      visible_range(*window, p.Nk, last_row, &lo_last, &hi_last);
+      n_begin = int(lo_first / Bc);
+      n_tiles = hi_last < lo_first ? 0 : int(hi_last / Bc) + 1 - n_begin;
+    }
   }
 };
 

@@ -25,6 +25,8 @@
 //   dP^T = (V dO^T) o Z^T,  dS^T_ji = P^T_ji (dP^T_ji - D_i)  [Bc, Bq]
 //   dV += (P^T o Z^T) dO,  dK += dS^T Q                       [Bc, d]   (dK times scale at the end)
 //   dQ_i += dS K                                              [Bq, d]   fp32 atomics (scale applied later)
+// Compiled with score modifiers (kMods != 0), as dkdv.cuh: S^T through the modifier and mask (P^T then after
+// dP^T: dS_pre needs S' for the softcap's derivative), dS_pre stored as dBias, windowed query tiles skipped.
 // Limits: d = 64 or 128, bf16/fp16; the sm_90 tiles (201 / 220 KB of shared memory at d = 64 / 128) do not
 // fit sm_120's 99 KB, which takes smaller tiles (configs.h).
 #pragma once
@@ -67,7 +69,7 @@ __device__ __forceinline__ void warp_product_abt(float (&acc)[MK][NQ][4], const 
 }
 
 // grid = ceil(Nk / Bc) * Hkv * B, block = 32 * WarpsK * WarpsQ threads, dynamic shared memory AtomicSmem<Tr>::kBytes().
-template <class Tr, bool kDropout>
+template <class Tr, bool kDropout, int kMods = 0>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     atomic_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
@@ -95,7 +97,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int dkv0 = warp / Tr::kDkvWarpsK * Tr::kWarpDkv;       // and its first head-dim column
   const int qdq0 = warp / Tr::kDqWarpsD * Tr::kWarpQueriesDq;  // on the dQ grid: its first query (rows)
   const int dq0 = warp % Tr::kDqWarpsD * Tr::kWarpDq;          // and its first head-dim column
-  const KeyBlockWork w(p, Bc, Bq, /*rotate=*/true);  // which keys, which query tiles (device.cuh)
+  const step4::ScoreMods<kMods == 0 ? kModMask : kMods> mods(p);  // kMods: the score modifiers (p.mods), else unused
+  const KeyBlockWork w(p, Bc, Bq, /*rotate=*/true, kMods != 0 ? &mods.m : nullptr);  // which keys, which query tiles (device.cuh)
   auto load_q_do_tiles = [&](int it) { load_q_do<Tr>(sm, ring, w, p.Hq, it, &tm_q, &tm_do); };
 
   // The LSE (in log2 units) and D of iteration it's Bq query rows go through shared memory: thread x < Bq
@@ -219,10 +222,33 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             s[mi][nt][e] = vis ? ptx::exp2_approx(fmaf(s[mi][nt][e], p.scale_log2, -lse2[nt][e % 2])) : 0.0f;
           }
     };
-    if (step4::tile_needs_mask(p, q0, Bq, w.k0, Bc))
+    // With modifiers, a tile they touch goes through them: P^T from the modified score S' (raw units, -inf
+    // where masked), here; with a softcap (kDefer), S' itself stays in s, since dS^T needs it for the
+    // softcap's derivative, and P^T is computed from it after dP^T, below.
+    using Mods = std::remove_cv_t<decltype(mods)>;
+    constexpr bool kDefer = (Mods::kValues & kModSoftcap) != 0;
+    const bool modded = kMods != 0 && mods.needed(mods.common(q0 + qry0, q0 + qry0 + Tr::kWarpQueries - 1),
+                                                  w.k0 + key0, Tr::kWarpKeys);  // this warp's tile
+    if (modded) {
+      const ModColumns cols(mods, w.b, h, q0);  // each query's ModRow (device.cuh)
+#pragma unroll
+      for (int mi = 0; mi < kMK; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < kNQ; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
+            const float sm = mods(s[mi][nt][e], cols.at(i), j);
+            if constexpr (kDefer)
+              s[mi][nt][e] = sm;
+            else
+              s[mi][nt][e] = sm == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(sm, p.scale_log2, -lse2[nt][e % 2]));
+          }
+    } else if (kMods == 0 && step4::tile_needs_mask(p, q0, Bq, w.k0, Bc)) {  // kMods and not modded: all visible
       probabilities(std::true_type{});
-    else
+    } else {
       probabilities(std::false_type{});
+    }
 
     // dPd^T = V dO^T: the same product with V and dO.
     float dp[kMK][kNQ][4] = {};
@@ -230,8 +256,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     ring.refill(it, w.n_iter, load_q_do_tiles);  // after this warp's first products: the other warps are likely done with it - 1
 
     // s becomes Pd^T = P^T Z^T and dp becomes dS^T = P^T (dPd^T Z^T - D) (masked entries have P = 0).
-    float d_i[kNQ][2];
+    // With modifiers (modded), dS_pre^T = dS^T times the softcap's derivative (P^T from S' first if kDefer),
+    // which is also dBias.
+    float d_i[kNQ][2], lse2m[kNQ][2];
     read_lse_d(d_i, it, 1);
+    if (kDefer && modded) read_lse_d(lse2m, it, 0);
+    constexpr bool kBias = (Mods::kValues & kModBias) != 0;  // only a kernel with the bias writes dBias
+    float* dbias = kBias && modded && bp.dbias ? bp.dbias + (int64_t(w.b) * p.Hq + h) * p.Nq * p.Nk : nullptr;  // of head h
 #pragma unroll
     for (int mi = 0; mi < kMK; ++mi)
 #pragma unroll
@@ -240,9 +271,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         for (int e = 0; e < 4; ++e) {
           const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
           const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
-          const float pr = s[mi][nt][e];
+          float pr = s[mi][nt][e], grad = 1.0f;
+          if (kDefer && modded) {
+            pr = pr == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(pr, p.scale_log2, -lse2m[nt][e % 2]));
+            grad = mods_grad(mods, s[mi][nt][e]);
+          }
           s[mi][nt][e] = pr * z;
-          dp[mi][nt][e] = pr * (dp[mi][nt][e] * z - d_i[nt][e % 2]);
+          dp[mi][nt][e] = pr * (dp[mi][nt][e] * z - d_i[nt][e % 2]) * grad;
+          if (dbias && i < p.Nq && j < p.Nk) dbias[int64_t(i) * p.Nk + j] = dp[mi][nt][e];
         }
 
     // Park Pd^T and dS^T in shared memory ([Bc, kPitch] tiles, 16-bit pairs straight from the C fragments),

@@ -22,6 +22,7 @@ struct DeterministicConfig {
   using DkDv = KV;
   using Dq = QD;
   static constexpr bool kAtomic = false;
+  static constexpr bool kHasMods = true;  // its kernels are compiled with score modifiers too (every one)
   static constexpr size_t kSmemBytes = std::max(DkDvSmem<KV>::kBytes(), DqSmem<QD>::kBytes());  // the larger
   static constexpr int kThreads = KV::kThreads;
   // "kv64x64-S2-q64x64-S2"
@@ -31,11 +32,13 @@ struct DeterministicConfig {
   }
 };
 
-// The atomic variant: one kernel that also adds dQ into fp32 with atomics.
-template <class Tr>
+// The atomic variant: one kernel that also adds dQ into fp32 with atomics; kWithMods: compiled with score
+// modifiers too (the variant's defaults: the others are ablations).
+template <class Tr, bool kWithMods = false>
 struct AtomicConfig {
   using DkDv = Tr;
   static constexpr bool kAtomic = true;
+  static constexpr bool kHasMods = kWithMods;
   static_assert(check_atomic_buffers<Tr>());
   static constexpr size_t kSmemBytes = AtomicSmem<Tr>::kBytes();
   static constexpr int kThreads = Tr::kThreads;
@@ -46,8 +49,8 @@ template <typename T, int D>
 struct Configs {
   template <DkDvTiles kKV, DqTiles kQ>
   using Det = DeterministicConfig<DkDvTraits<T, D, kKV>, DqTraits<T, D, kQ>>;
-  template <AtomicTiles kTiles>
-  using Atomic = AtomicConfig<AtomicTraits<T, D, kTiles>>;
+  template <AtomicTiles kTiles, bool kWithMods = false>
+  using Atomic = AtomicConfig<AtomicTraits<T, D, kTiles>, kWithMods>;
 
   // Deterministic. d = 128 takes half-height Q/dO tiles (Bq = 32) in the dK/dV kernel, so that dK and dV
   // (128 fp32 registers per thread) leave room for S^T and dP^T.
@@ -64,22 +67,25 @@ struct Configs {
   using Atomic4x2 = Atomic<AtomicTiles{.Bc = 128, .Bq = 64, .warps_k = 4, .warps_q = 2}>;
   using Atomic2x4 = Atomic<AtomicTiles{.Bc = 128, .Bq = 64, .warps_k = 2, .warps_q = 4}>;
   using AtomicPair = Atomic<AtomicTiles{.Bc = 64, .Bq = 64, .warps_k = 2, .warps_q = 2}>;
-  using AtomicSmall = Atomic<AtomicTiles{.Bc = 64, .Bq = 32, .warps_k = 2, .warps_q = 2}>;
+  using AtomicSmall = Atomic<AtomicTiles{.Bc = 64, .Bq = 32, .warps_k = 2, .warps_q = 2}, /*mods=*/true>;
   // d = 64 only: 128 queries per step on the 2 x 4 grid (FlashAttention 2's tiles): the full P^T/dS^T
   // buffers do not fit, so they are lean; alone, and with FlashAttention 2's 4 x 2 dV/dK grid and
   // XOR-stepped addresses.
   using AtomicTall = Atomic<AtomicTiles{.Bc = 128, .Bq = 128, .warps_k = 2, .warps_q = 4, .buffers = Buffers::lean}>;
   using AtomicTallKv = Atomic<AtomicTiles{.Bc = 128, .Bq = 128, .warps_k = 2, .warps_q = 4, .dkv_warps_k = 4,
-                                          .xor_steps = true, .buffers = Buffers::lean}>;
+                                          .xor_steps = true, .buffers = Buffers::lean}, /*mods=*/true>;
   // d = 128 only: the 2 x 4 grid's tiles with FlashAttention 2's dV/dK (4 x 2) and dQ (2 x 4) grids.
-  using AtomicKvDq = Atomic<AtomicTiles{.Bc = 128, .Bq = 64, .warps_k = 2, .warps_q = 4, .dkv_warps_k = 4, .dq_warps_q = 2}>;
+  using AtomicKvDq = Atomic<AtomicTiles{.Bc = 128, .Bq = 64, .warps_k = 2, .warps_q = 4, .dkv_warps_k = 4, .dq_warps_q = 2},
+                            /*mods=*/true>;
 
-  // The defaults (measured on the H100: docs/results/step5.md).
+  // The defaults (measured on the H100: docs/results/step5.md); the atomic ones are compiled with score
+  // modifiers (/*mods=*/true above), as is every deterministic configuration.
   using Deterministic = std::conditional_t<D == 128, DetQ, Det4>;
   using AtomicSm90 = std::conditional_t<D == 64, AtomicTallKv, AtomicKvDq>;
   using AtomicSm120 = AtomicSmall;
   static_assert(Deterministic::kSmemBytes <= kSm120SmemBytes && AtomicSm120::kSmemBytes <= kSm120SmemBytes,
                 "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
+  static_assert(AtomicSm90::kHasMods && AtomicSm120::kHasMods, "the atomic variant's defaults take score modifiers");
 
   // Every configuration --variant can name, the tuner sweeps and the configuration test checks.
   using Shared = ConfigList<Det4, Det4S3, Det8, DetQ, Atomic4x2, Atomic2x4, AtomicPair, AtomicSmall>;

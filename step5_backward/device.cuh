@@ -4,7 +4,8 @@
 // movement; this file adds what only the backward needs: the parameter block, the XOR-stepped operand
 // addressing (a per-configuration choice of the atomic kernel), the store of a warp's accumulator rows,
 // and the schedule of a block that owns a tile of keys with the loads of its Q/dO ring (the dK/dV and
-// atomic kernels).
+// atomic kernels). With score modifiers (a kernel's kMods != 0), that schedule also skips the query tiles a sliding window
+// hides from the block's keys, and ModColumns gives each query's step4::ModRow from its tile's first one.
 #pragma once
 #include <cuda.h>
 
@@ -13,6 +14,7 @@
 #include "gpu/gpu_runner.h"
 #include "gpu/ptx.h"
 #include "step4_fused_pipelined/fragments.cuh"
+#include "step4_fused_pipelined/score_mod.cuh"
 
 namespace fa::step5 {
 
@@ -32,9 +34,56 @@ struct BwdParams {
   float* dq_accum;   // atomic variant only: dQ / scale in fp32 [B, Hq, Nq, d], zeroed before the dK/dV kernel
   void* dk;          // [B, Hkv, Nk, d]
   void* dv;          // [B, Hkv, Nk, d]
+  float* dbias;      // with a bias: dS_pre of every (b, h, i, j), fp32 [B, Hq, Nq, Nk], zeroed before the kernels
+                     // (the dBias output itself unless the bias is broadcast); nullptr otherwise
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// Score modifiers. Row i sees the keys [diag - left, diag + right] of 0 .. Nk-1, diag = input_pos + i
+// (core/score_mod.h, visible_range), -1 a side without bound; the causal mask caps right at 0. The band
+// moves right as i grows: what the schedule below and ModColumns build on.
+struct Band {
+  int64_t left, right;
+  __device__ explicit Band(const ScoreMod& m) : left(m.window_left), right(m.causal ? 0 : m.window_right) {}
+};
+
+// The dK/dV and atomic kernels hold S^T: a thread's scores belong to many queries, too many for one
+// step4::ModRow each (the forward's and the dQ kernel's way). ModColumns keeps the first query's of a query
+// tile, and at(i) shifts it to query i = q0 + di per element: band, diagonal and bias row move with i.
+struct ModColumns {
+  static constexpr int kFar = 1 << 20;  // beyond any key and any shift by a tile's di: "unbounded"
+  int q0, Nq, Nk, lo0, hi0, diag0;  // query q0's keys [lo0, hi0] (Nk's end applied in at()) and diagonal
+  const float* bias;                 // its bias row, or nullptr
+  float slope;                       // its head's ALiBi slope
+
+  template <class Mods>  // a step4::ScoreMods
+  __device__ ModColumns(const Mods& mods, int b, int h, int q0_) : q0(q0_), Nq(mods.Nq), Nk(mods.Nk) {
+    const step4::ModRow r = mods.row(b, h, q0);
+    const Band band(mods.m);
+    const int64_t diag = mods.m.input_pos + q0;
+    auto clamp = [&](int64_t x) { return int(max(int64_t(-kFar), min(x, int64_t(Nk) + 1))); };  // same tests
+    lo0 = band.left < 0 ? -kFar : clamp(diag - band.left);
+    hi0 = band.right < 0 ? Nk + 1 : clamp(diag + band.right);
+    diag0 = int(max(int64_t(-1) << 30, min(diag, int64_t(1) << 30)));  // j - diag stays an int (keys < 2^30);
+                                                                      // only ALiBi distances past 2^30 change
+    bias = r.bias;
+    slope = r.slope;
+  }
+  // Query i's ModRow (i >= q0): nothing visible past the end of Q.
+  __device__ __forceinline__ step4::ModRow at(int i) const {
+    const int di = i - q0;
+    return {lo0 + di, i < Nq ? min(hi0 + di, Nk - 1) : -1, diag0 + di, bias ? bias + int64_t(di) * Nk : nullptr, slope};
+  }
+};
+
+// The softcap's derivative at a modified score s' (ScoreMods::grad), 1 without a test in a kernel compiled
+// without the softcap: what multiplies dS into dS_pre.
+template <class Mods>
+__device__ __forceinline__ float mods_grad(const Mods& mods, float s) {
+  if constexpr ((Mods::kValues & kModSoftcap) == 0) return 1.0f;
+  else return mods.grad(s);
+}
 
 // The same three patterns as operands of a warp: a tile's base and the warp's first row (A, B) or head-dim
 // column (B.trans), then fragments at compile-time steps i (rows or columns) and kk. Two ways to form the
@@ -101,13 +150,16 @@ __device__ __forceinline__ void store_rows(T* out, const float (&acc)[NT][4], in
 // tile q0(it) / Bq of query head head(it). With `rotate`, the block starts that list at its own key tile's
 // index (mod n_iter) and wraps around: the blocks of one head, which run side by side, then add their dQ
 // into different rows at any one time (the atomic kernel). The order is fixed per block, so dK and dV
-// are still summed in the same order every run.
+// are still summed in the same order every run. With `window` (kernels compiled with score modifiers), only
+// the query tiles whose rows see a key of the block under the causal mask and the sliding window.
 struct KeyBlockWork {
   int b, hkv, bh_kv, k0;           // batch, KV head, their flat index, first key
   int m_first, per_head, n_iter;  // first query tile, tiles per query head, iterations in all
   int group, Bq, rot = 0;         // GQA group size, query tile height, first iteration's place
 
-  __device__ KeyBlockWork(const AttnParams& p, int Bc, int Bq_, bool rotate = false) : group(p.group), Bq(Bq_) {
+  // window: the score modifiers of a kernel compiled with them (step4::ScoreMods); the plain kernels pass none.
+  __device__ KeyBlockWork(const AttnParams& p, int Bc, int Bq_, bool rotate = false, const ScoreMod* window = nullptr)
+      : group(p.group), Bq(Bq_) {
     const int num_n = (p.Nk + Bc - 1) / Bc;
     bh_kv = blockIdx.x / num_n;
     hkv = bh_kv % p.Hkv;
@@ -120,6 +172,16 @@ struct KeyBlockWork {
       m_first = first_row >= p.Nq ? num_m : int(first_row / Bq);
     }
     per_head = num_m - m_first;
+    if (window) {
+      // The rows that see a key of [k0, k_last] (Band): from the first whose right edge reaches k0 to the
+      // last whose left edge is at most k_last.
+      const Band band(*window);
+      const int64_t k_last = min(k0 + Bc, p.Nk) - 1;
+      const int64_t first = band.right < 0 ? 0 : max(int64_t(0), k0 - band.right - window->input_pos);
+      const int64_t last = band.left < 0 ? p.Nq - 1 : min(int64_t(p.Nq) - 1, k_last + band.left - window->input_pos);
+      m_first = first > last ? 0 : int(first / Bq);
+      per_head = first > last ? 0 : int(last / Bq) + 1 - m_first;
+    }
     n_iter = per_head * group;
     if (rotate && n_iter > 0) rot = (blockIdx.x % num_n) % n_iter;
   }

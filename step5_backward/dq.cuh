@@ -9,6 +9,8 @@
 //   dS_ij = P_ij (dP_ij - D_i)
 //   dQ   += dS K                             [Br, d], times scale at the end
 // (FlashAttention-2, Algorithm 2, the S, P, dP, dS and dQ lines of its inner loop, for one query tile.)
+// Compiled with score modifiers (kMods != 0, step 4's score_mod.cuh): S passes through the modifier and mask,
+// dS is multiplied by the softcap's derivative, and K/V tiles a sliding window hides are skipped (scheduler.cuh).
 // Limits: d = 64 or 128, bf16/fp16; dQ stored straight from registers.
 #pragma once
 #include <cuda.h>
@@ -26,7 +28,7 @@
 namespace fa::step5 {
 
 // grid = ceil(Nq / Br) * Hq * B, block = 32 * Warps threads, dynamic shared memory DqSmem<Tr>::kBytes().
-template <class Tr, bool kDropout>
+template <class Tr, bool kDropout, int kMods = 0>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
               const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
@@ -42,16 +44,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const step4::QueryTileWork w(p, Br, Bc);  // which rows, which K/V tiles: step 4's schedule
+  const step4::ScoreMods<kMods == 0 ? kModMask : kMods> mods(p);  // kMods: the score modifiers (p.mods), else unused
+  const step4::QueryTileWork w(p, Br, Bc, step4::TileOrder::kTileFast, kMods != 0 ? &mods.m : nullptr);  // step 4's schedule
   const int b = w.b, h = w.h, bh = w.bh, m0 = w.m0;
 
-  // One thread issues every TMA copy: K and V tile n into its slot of the ring.
+  // One thread issues every TMA copy: K and V tile n (from the first tile the rows see) into its slot of the ring.
   auto load_k_v = [&](int n) {
     uint64_t* bar = ring.expect(n, 2 * Tr::kKVBytes);
 #pragma unroll
     for (int c = 0; c < kPanels; ++c) {
-      ptx::tma_load_3d(sm.k[ring.slot(n)] + c * Bc * 64, &tm_k, c * 64, n * Bc, w.bh_kv, bar);
-      ptx::tma_load_3d(sm.v[ring.slot(n)] + c * Bc * 64, &tm_v, c * 64, n * Bc, w.bh_kv, bar);
+      ptx::tma_load_3d(sm.k[ring.slot(n)] + c * Bc * 64, &tm_k, c * 64, (w.n_begin + n) * Bc, w.bh_kv, bar);
+      ptx::tma_load_3d(sm.v[ring.slot(n)] + c * Bc * 64, &tm_v, c * 64, (w.n_begin + n) * Bc, w.bh_kv, bar);
     }
   };
 
@@ -92,6 +95,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     d_i[r] = in_q ? bp.dsum[int64_t(bh) * p.Nq + row_g + 8 * r] : 0.0f;
   }
 
+  // kMods: this thread's rows g and g + 8 as the modifier sees them, and the keys all the warp's rows see.
+  const step4::ModRow mod_g = kMods != 0 ? mods.row(b, h, row_g) : step4::ModRow{};
+  const step4::ModRow mod_g8 = kMods != 0 ? mods.row(b, h, row_g + 8) : step4::ModRow{};
+  const step4::ModRow mod_warp = kMods != 0 ? mods.common(m0 + 16 * warp, m0 + 16 * warp + 15) : step4::ModRow{};
+
   float dq[kDTiles][4] = {};  // rows g, g+8 of the warp; columns 8nd + 2t, +1
   for (int n = 0; n < w.n_tiles; ++n) {
     const uint32_t k_base = ptx::smem_u32(sm.k[ring.slot(n)]);
@@ -116,9 +124,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // Dropout's keep mask of this tile (step 4's DropoutMask: one Philox call per pair of threads).
     step4::DropoutMask keep{};
-    if constexpr (kDropout) keep = step4::DropoutMask::draw<kSTiles>(p.dropout, b, h, row_g, n * Bc + 2 * t);
+    const int key0 = (w.n_begin + n) * Bc;  // the tile's first key
+    if constexpr (kDropout) keep = step4::DropoutMask::draw<kSTiles>(p.dropout, b, h, row_g, key0 + 2 * t);
 
-    // Element-wise, on the C fragments: s[nt][e] is row row_g + 8 (e / 2), key n Bc + 8nt + 2t + e % 2.
+    // Element-wise, on the C fragments: s[nt][e] is row row_g + 8 (e / 2), key key0 + 8nt + 2t + e % 2.
     // s becomes dS = P (dPd Z - D); masked entries are selected to 0, never computed into a NaN. Only
     // tiles that cross an edge or the diagonal pay for that test (kMasked), as in the dK/dV kernel.
     auto elementwise = [&](auto masked) {
@@ -127,7 +136,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int nt = 0; nt < kSTiles; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int i = row_g + 8 * r, j0 = n * Bc + nt * 8 + 2 * t;
+          const int i = row_g + 8 * r, j0 = key0 + nt * 8 + 2 * t;
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int e = 2 * r + c, j = j0 + c;
@@ -138,10 +147,29 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           }
         }
     };
-    if (step4::tile_needs_mask(p, m0, Br, n * Bc, Bc))
+    // With modifiers, the tiles they touch: P from the modified score S', dS times the softcap's derivative.
+    auto elementwise_mods = [&] {
+#pragma unroll
+      for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2, j = key0 + nt * 8 + 2 * t + e % 2;
+          const float z = kDropout ? keep.z(nt, e, p.dropout.keep_scale) : 1.0f;
+          const float sm = mods(s[nt][e], r ? mod_g8 : mod_g, j);  // -inf: masked, or past Nq or Nk
+          const float pr = sm == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(sm, p.scale_log2, -lse2[r]));
+          s[nt][e] = pr * (dp[nt][e] * z - d_i[r]) * mods_grad(mods, sm);
+        }
+    };
+    if constexpr (kMods != 0) {
+      if (mods.needed(mod_warp, key0, Bc))
+        elementwise_mods();
+      else
+        elementwise(std::false_type{});
+    } else if (step4::tile_needs_mask(p, m0, Br, key0, Bc)) {
       elementwise(std::true_type{});
-    else
+    } else {
       elementwise(std::false_type{});
+    }
 
     // dQ += dS K: A = dS repacked (k = key), B = K rows with k = key, read with ldmatrix.trans.
 #pragma unroll

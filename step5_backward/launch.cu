@@ -9,6 +9,9 @@
 // atomic one computes S and dP once instead of twice (5 products instead of 7), but its fp32 additions
 // land in whatever order the blocks reach them. The forward is step 4's (make_forward), run in training
 // mode: it writes O and the LSE the backward reads. Configurations and their names: configs.h.
+// Score modifiers (core/score_mod.h) run in the deterministic configurations and the atomic variant's
+// defaults, kernels compiled with kMods; with a bias, the dK/dV (or atomic) kernel writes dS_pre, which is
+// dBias, into a zeroed fp32 [B, Hq, Nq, Nk] buffer, summed afterwards over the bias's broadcast dimensions.
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
@@ -24,6 +27,7 @@
 #include "step5_backward/backward.h"
 #include "step5_backward/configs.h"
 #include "step5_backward/device.cuh"
+#include "step5_backward/preprocess.cuh"
 
 namespace fa::step5 {
 
@@ -71,7 +75,8 @@ std::function<void()> prepare_config(const Problem& p, const std::string& name, 
 }
 
 // Step 4's runner state (Q, K, V, O, LSE on the device) plus dO, D and the three gradients (and the atomic
-// variant's fp32 dQ accumulator), all poisoned with NaN so that an element no kernel writes fails the check.
+// variant's fp32 dQ accumulator, and with a bias dBias), all poisoned with NaN so that an element no kernel
+// writes fails the check.
 class BackwardRunner final : public GpuRunner {
  public:
   BackwardRunner(const Problem& p, const Inputs& in, const std::string& variant)
@@ -84,6 +89,12 @@ class BackwardRunner final : public GpuRunner {
     dk_ = DeviceBuffer(in.k.size() * bytes);
     dv_ = DeviceBuffer(in.v.size() * bytes);
     for (DeviceBuffer* b : {&dsum_, &dq_, &dk_, &dv_}) b->poison();
+    if (p.bias) {  // dBias, with the bias's shape; a broadcast bias also needs dS_pre of every (b, h) to sum
+      bias_shape_ = in.bias.shape;
+      dbias_ = DeviceBuffer(in.bias.size() * sizeof(float));
+      dbias_.poison();
+      if (bias_shape_[0] != p.B || bias_shape_[1] != p.Hq) ds_pre_ = DeviceBuffer(size_t(p.B * p.Hq * p.Nq * p.Nk) * sizeof(float));
+    }
     const std::string config = config_of(p, variant, compute_capability_major());
     with_problem_config<Configs>(p, config, "step 5", [&](auto cfg) {
       if constexpr (decltype(cfg)::type::kAtomic) {
@@ -91,13 +102,24 @@ class BackwardRunner final : public GpuRunner {
         dq_accum_.poison();  // the memset inside the timed backward must clear it
       }
     });
+    float* ds_pre = ds_pre_.get() ? ds_pre_.as<float>() : dbias_.as<float>();  // nullptr without a bias
     backward_ = prepare_config(p, config, BwdParams{params_, do_.get(), dsum_.as<float>(), dq_.get(),
-                                                    dq_accum_.as<float>(), dk_.get(), dv_.get()});
+                                                    dq_accum_.as<float>(), dk_.get(), dv_.get(), ds_pre});
   }
   void run() override { forward_(); }
   void run_backward() override {
     if (!backward_) throw std::logic_error("step5_backward: run_backward() needs dO (a problem with backward set)");
+    float* ds_pre = ds_pre_.get() ? ds_pre_.as<float>() : dbias_.as<float>();
+    // dS_pre of the tiles the kernels skip (masked, outside the window) is 0: the kernels write the others.
+    if (ds_pre) CUDA_CHECK(cudaMemsetAsync(ds_pre, 0, size_t(p_.B * p_.Hq * p_.Nq * p_.Nk) * sizeof(float)));
     backward_();
+    if (ds_pre_.get()) {  // a broadcast bias: dBias = dS_pre summed over the broadcast dimensions
+      const int64_t n = int64_t(dbias_.bytes() / sizeof(float));
+      reduce_dbias_kernel<float><<<unsigned((n + kReduceThreads - 1) / kReduceThreads), kReduceThreads>>>(
+          ds_pre_.as<float>(), dbias_.as<float>(), int(p_.B), int(p_.Hq), int(bias_shape_[0]), int(bias_shape_[1]),
+          p_.Nq * p_.Nk);
+      CUDA_CHECK_LAUNCH();
+    }
   }
   Outputs outputs() override {
     Outputs out = GpuRunner::outputs();  // synchronises
@@ -105,6 +127,7 @@ class BackwardRunner final : public GpuRunner {
       out.dq = download(dq_, p_.dtype, {p_.B, p_.Hq, p_.Nq, p_.d});
       out.dk = download(dk_, p_.dtype, {p_.B, p_.Hkv, p_.Nk, p_.d});
       out.dv = download(dv_, p_.dtype, {p_.B, p_.Hkv, p_.Nk, p_.d});
+      if (p_.bias) out.dbias = download_f32(dbias_, bias_shape_);
     }
     return out;
   }
@@ -112,6 +135,8 @@ class BackwardRunner final : public GpuRunner {
  private:
   std::function<void()> forward_, backward_;
   DeviceBuffer do_, dsum_, dq_, dq_accum_, dk_, dv_;
+  DeviceBuffer dbias_, ds_pre_;        // with a bias: dBias; dS_pre [B, Hq, Nq, Nk] where the bias is broadcast
+  std::vector<int64_t> bias_shape_;  // [B or 1, Hq or 1, Nq, Nk]
 };
 
 }  // namespace
@@ -144,7 +169,25 @@ Stage stage() {
     });
     return shape;
   };
-  s.unsupported = [](const Problem& p, const std::string&) { return step4::unsupported(p); };  // its kernels' limits are step 4's
+  s.has_score_mods = true;  // in the deterministic configurations and the atomic variant's defaults (configs.h)
+  s.unsupported = [](const Problem& p, const std::string& v) {
+    if (std::string why = step4::unsupported(p); !why.empty()) return why;  // its kernels' limits are step 4's
+    if (!p.has_score_mods()) return std::string();
+    bool has_mods = true;
+    for (const int cc : {9, 12})  // whichever the GPU, the configuration v resolves to (unknown names: make says)
+      try {
+        with_problem_config<Configs>(p, config_of(p, v, cc), "step 5",
+                                     [&](auto cfg) { has_mods = has_mods && decltype(cfg)::type::kHasMods; });
+      } catch (const std::invalid_argument&) {
+      }
+    if (!has_mods)
+      return std::string("score modifiers run in the deterministic configurations and the atomic variant's "
+                         "defaults (atomic, atomic-sm120); the other atomic configurations are ablations compiled without them");
+    // The training forward is step 4's, in the configuration after "/fwd=": it must take them too.
+    const std::string fwd = split_variant(v).second;
+    if (std::string why = step4::stage().unsupported(p, fwd); !why.empty()) return "its forward (step 4, " + fwd + "): " + why;
+    return std::string();
+  };
   s.make = [](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
     return std::make_unique<BackwardRunner>(p, in, v);
   };

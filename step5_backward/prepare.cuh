@@ -9,6 +9,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "gpu/gpu_types.h"
 #include "gpu/tma.h"
@@ -49,21 +50,46 @@ struct SideStream {
   SideStream& operator=(const SideStream&) = delete;
 };
 
+// The score-modifier kernels step 5 compiles (a kernel's kMods, step 4's score_mod.cuh): the mask alone (a
+// sliding window: only the tiles it cuts pay), or every value modifier, each tested at run time. (Step 4
+// also compiles one kernel per lone value modifier; the backward, three kernels per configuration, keeps
+// its compile time down.) 0: a problem without score modifiers, the plain kernels.
+inline int backward_mods_kind(const Problem& p) {
+  const int kind = step4::mods_kind(p);
+  return kind == 0 || kind == kModMask ? kind : step4::kModAll;
+}
+
 // Set-up, outside any timed region: tensor maps (one per operand and box height), shared-memory opt-ins,
-// and the closure that launches the kernels.
+// and the closure that launches the kernels: those compiled with score modifiers when p has any (only
+// configurations with kHasMods have them: launch.cu refuses the others).
 template <class Cfg>
 std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
   using KV = typename Cfg::DkDv;
   using T = typename KV::T;
   constexpr int D = KV::D;
   const AttnParams& a = bp.a;
+  if (p.has_score_mods() && !Cfg::kHasMods)
+    throw std::invalid_argument("step 5's configuration " + Cfg::name() + " is compiled without score modifiers");
+  const bool drop = a.dropout.threshold != 0;
+  // The instance kernel_of(dropout, kMods) of a kernel for p: with modifiers only where the configuration has them.
+  auto pick = [&](auto kernel_of) {
+    using Plain = std::integral_constant<int, 0>;
+    using Mask = std::integral_constant<int, kModMask>;
+    using All = std::integral_constant<int, step4::kModAll>;
+    auto kernel = drop ? kernel_of(std::true_type{}, Plain{}) : kernel_of(std::false_type{}, Plain{});
+    if constexpr (Cfg::kHasMods) {
+      const int kind = backward_mods_kind(p);
+      if (kind == kModMask) kernel = drop ? kernel_of(std::true_type{}, Mask{}) : kernel_of(std::false_type{}, Mask{});
+      if (kind == step4::kModAll) kernel = drop ? kernel_of(std::true_type{}, All{}) : kernel_of(std::false_type{}, All{});
+    }
+    return kernel;
+  };
   const int64_t BHq = p.B * p.Hq, BHkv = p.B * p.Hkv;
   // dK/dV kernel: Q and dO in boxes of Bq rows, K and V in boxes of Bc rows.
   const CUtensorMap kv_q = make_tensor_map_bhnd(a.q, p.dtype, BHq, p.Nq, D, KV::Bq);
   const CUtensorMap kv_do = make_tensor_map_bhnd(bp.dout, p.dtype, BHq, p.Nq, D, KV::Bq);
   const CUtensorMap kv_k = make_tensor_map_bhnd(a.k, p.dtype, BHkv, p.Nk, D, KV::Bc);
   const CUtensorMap kv_v = make_tensor_map_bhnd(a.v, p.dtype, BHkv, p.Nk, D, KV::Bc);
-  const bool drop = a.dropout.threshold != 0;
 
   const int64_t rows = BHq * p.Nq;
   const unsigned pre_blocks = grid_size((rows + kPreprocessWarps - 1) / kPreprocessWarps);
@@ -77,7 +103,7 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
     const int64_t elems = rows * D;
     const unsigned cvt_blocks = grid_size((elems / 2 + kConvertThreads - 1) / kConvertThreads);
     constexpr size_t kSmem = AtomicSmem<KV>::kBytes();
-    auto kernel = drop ? atomic_kernel<KV, true> : atomic_kernel<KV, false>;
+    auto kernel = pick([](auto drop_, auto mods) { return atomic_kernel<KV, decltype(drop_)::value, decltype(mods)::value>; });
     allow_smem(kernel, kSmem);
     return [=] {
       preprocess();
@@ -90,14 +116,14 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
   } else {
     using DQ = typename Cfg::Dq;
     constexpr size_t kKvSmem = DkDvSmem<KV>::kBytes(), kQSmem = DqSmem<DQ>::kBytes();
-    auto dkdv = drop ? dkdv_kernel<KV, true> : dkdv_kernel<KV, false>;
+    auto dkdv = pick([](auto drop_, auto mods) { return dkdv_kernel<KV, decltype(drop_)::value, decltype(mods)::value>; });
     allow_smem(dkdv, kKvSmem);
     // dQ kernel: Q and dO in boxes of Br rows, K and V in boxes of Bc rows.
     const CUtensorMap dq_q = make_tensor_map_bhnd(a.q, p.dtype, BHq, p.Nq, D, DQ::Br);
     const CUtensorMap dq_do = make_tensor_map_bhnd(bp.dout, p.dtype, BHq, p.Nq, D, DQ::Br);
     const CUtensorMap dq_k = make_tensor_map_bhnd(a.k, p.dtype, BHkv, p.Nk, D, DQ::Bc);
     const CUtensorMap dq_v = make_tensor_map_bhnd(a.v, p.dtype, BHkv, p.Nk, D, DQ::Bc);
-    auto dq = drop ? dq_kernel<DQ, true> : dq_kernel<DQ, false>;
+    auto dq = pick([](auto drop_, auto mods) { return dq_kernel<DQ, decltype(drop_)::value, decltype(mods)::value>; });
     allow_smem(dq, kQSmem);
     const unsigned q_blocks = grid_size((p.Nq + DQ::Br - 1) / DQ::Br * BHq);
     // The two kernels are independent (each needs only D): the dQ kernel runs on a second stream, forked

@@ -1,6 +1,6 @@
-// FlashAttention, step by step — step 5: the two small kernels around the main ones
-// (step5_backward/preprocess.cuh): D = rowsum(dO * O) before them, and the atomic variant's dQ conversion
-// after them.
+// FlashAttention, step by step — step 5: the small kernels around the main ones
+// (step5_backward/preprocess.cuh): D = rowsum(dO * O) before them, and after them the atomic variant's dQ
+// conversion and, for a broadcast bias, the sum of dS_pre over the dimensions it broadcasts (dBias).
 //
 // FlashAttention-2, Algorithm 2: D_i = rowsum(dO_i o O_i), one fp32 number per query row. It
 // stands for rowsum(P_i o dP_i) (README.md derives why), the term every dS = P o (dP - D) needs; computing
@@ -41,6 +41,25 @@ __global__ void __launch_bounds__(kConvertThreads)
   if (2 * pair >= elems) return;
   const float2 v = reinterpret_cast<const float2*>(acc)[pair];
   reinterpret_cast<uint32_t*>(dq)[pair] = ptx::pack2<T>(v.x * scale, v.y * scale);
+}
+
+constexpr int kReduceThreads = 256;
+
+// With a bias of shape [Bb, Hb, Nq, Nk] broadcast over the batches (Bb = 1 < B) or the heads (Hb = 1 < Hq):
+// dBias = dS_pre [B, Hq, Nq, Nk] (fp32, written by the dK/dV or atomic kernel) summed over those
+// dimensions, in a fixed order (the same bits every run). One thread per dBias element; a template only so
+// that the header can be included by several translation units.
+template <typename F>
+__global__ void __launch_bounds__(kReduceThreads)
+    reduce_dbias_kernel(const F* __restrict__ ds, F* __restrict__ dbias, int B, int Hq, int Bb, int Hb, int64_t NqNk) {
+  const int64_t e = int64_t(blockIdx.x) * kReduceThreads + threadIdx.x;
+  if (e >= Bb * Hb * NqNk) return;
+  const int64_t ij = e % NqNk, bh = e / NqNk;
+  const int hb = int(bh % Hb), bb = int(bh / Hb);
+  F acc = 0;
+  for (int b = Bb == 1 ? 0 : bb; b < (Bb == 1 ? B : bb + 1); ++b)
+    for (int h = Hb == 1 ? 0 : hb; h < (Hb == 1 ? Hq : hb + 1); ++h) acc += ds[(int64_t(b) * Hq + h) * NqNk + ij];
+  dbias[e] = acc;
 }
 
 }  // namespace fa::step5

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <nlohmann/json.hpp>
 
+#include "core/random.h"
 #include "gpu/cuda_util.h"
 #include "gpu/platform.h"
 #include "harness/eval.h"
@@ -45,8 +46,11 @@ std::vector<std::string> feasible_variants(const Stage& s, const Problem& p, con
       if (rejected) rejected->push_back(v + ": " + e.what());
       continue;
     }
+    const std::string cannot = s.unsupported ? s.unsupported(p, v) : "";
     const std::string excluded = s.tuning_exclusion ? s.tuning_exclusion(v) : "";
-    if (!excluded.empty())
+    if (!cannot.empty())  // e.g. score modifiers on one of step 4's lesson configurations
+      why = cannot;
+    else if (!excluded.empty())
       why = excluded;
     else if (shape.smem_bytes > dev.smem_optin)
       why = std::to_string(shape.smem_bytes) + " bytes of shared memory > the device's " + std::to_string(dev.smem_optin);
@@ -58,13 +62,42 @@ std::vector<std::string> feasible_variants(const Stage& s, const Problem& p, con
   return ok;
 }
 
-std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev) {
-  int64_t bucket = 1;  // sequence lengths share a choice within a power of two
-  while (bucket < std::max(p.Nq, p.Nk)) bucket *= 2;
+namespace {
+
+int64_t power_of_two_at_least(int64_t n) {
+  int64_t bucket = 1;
+  while (bucket < n) bucket *= 2;
+  return bucket;
+}
+
+// The key's part for the score modifiers that are on ("" with none, so plain keys stay as they were).
+std::string score_mods_key(const Problem& p, const std::vector<int64_t>& bias_shape) {
+  std::string k;
+  if (p.bias) {
+    const bool full_b = bias_shape.size() == 4 ? bias_shape[0] != 1 : p.B > 1;
+    const bool full_h = bias_shape.size() == 4 ? bias_shape[1] != 1 : p.Hq > 1;
+    k += std::string("|bias") + (full_b ? "B" : "1") + (full_h ? "H" : "1");
+  }
+  if (p.alibi) k += "|alibi";
+  if (p.softcap > 0.0f) k += "|softcap";
+  if (p.has_window()) {
+    const auto side = [](int64_t w) {  // -1: unbounded; 0; otherwise its power-of-two bucket
+      return w < 0 ? std::string("-1") : w == 0 ? std::string("0") : "<=" + std::to_string(power_of_two_at_least(w));
+    };
+    k += "|win" + side(p.window_left) + "," + side(p.causal ? 0 : p.window_right);  // causal: no key right of it
+  }
+  return k;
+}
+
+}  // namespace
+
+std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev, const std::vector<int64_t>& bias_shape) {
+  // Sequence lengths share a choice within a power of two.
+  const int64_t bucket = power_of_two_at_least(std::max(p.Nq, p.Nk));
   return dev.name + "|sm" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor) + "|" + s.name + "|" +
          (p.backward && s.has_backward ? "bwd" : "fwd") + "|" + dtype_name(p.dtype) + "|d" + std::to_string(p.d) + "|" +
          (p.causal ? "causal" : "full") + "|g" + std::to_string(p.group()) + (p.dropout > 0 ? "|dropout" : "") +
-         "|N<=" + std::to_string(bucket);
+         score_mods_key(p, bias_shape) + "|N<=" + std::to_string(bucket);
 }
 
 std::string pick(const std::vector<std::pair<std::string, double>>& table, const std::string& default_config,
@@ -150,30 +183,38 @@ Problem forward_only(Problem p) {
 
 Autotuner::Autotuner(std::string cache_file) : file_(std::move(cache_file)) {}
 
-std::string Autotuner::cached(const Stage& s, const Problem& p) const {
+std::string Autotuner::cached(const Stage& s, const Problem& p, const std::vector<int64_t>& bias_shape) const {
   const json j = load_cache(file_);
-  const std::string key = cache_key(s, p, current_device());
+  const std::string key = cache_key(s, p, current_device(), bias_shape);
   return j["entries"].contains(key) ? j["entries"][key]["variant"].get<std::string>() : "";
 }
 
 void Autotuner::clear() { std::remove(file_.c_str()); }
 
-Choice Autotuner::choose(const Stage& s, const Problem& p, bool force) {
+Choice Autotuner::choose(const Stage& s, const Problem& p, bool force, const std::vector<int64_t>& bias_shape) {
   const std::string def = s.variants.empty() ? "" : s.variants[0];
   if (s.tuning_variants.empty()) return {def, "default (nothing to tune)", {}};
   if (autotune_disabled()) return {def, "default (DISABLE_AUTOTUNE)", {}};
   const DeviceLimits dev = current_device();
-  const std::string key = cache_key(s, p, dev);
+  const std::string key = cache_key(s, p, dev, bias_shape);
   json cache = load_cache(file_);
   if (!force && cache["entries"].contains(key)) return {cache["entries"][key]["variant"].get<std::string>(), "cache", {}};
 
+  if (s.unsupported)  // what the default cannot run, no candidate is timed on
+    if (const std::string why = s.unsupported(p, def); !why.empty())
+      throw std::invalid_argument(s.name + " cannot run this problem: " + why);
   std::vector<std::string> rejected;
   const std::vector<std::string> candidates = feasible_variants(s, p, dev, &rejected);
   for (const std::string& r : rejected) std::fprintf(stderr, "autotune: skip %s\n", r.c_str());
   const bool bwd = p.backward && s.has_backward;
   const double flops = bwd ? p.flops_backward() : p.flops_forward();
 
-  const Inputs in = random_inputs(p);  // fresh inputs, drawn for this tuning run
+  // Fresh inputs, drawn for this tuning run; with a bias, a random one of the caller's shape (its values
+  // change no work; its shape changes the traffic). ALiBi takes the standard slopes: they change nothing.
+  Inputs in = random_inputs(p);
+  if (p.bias)
+    in.bias = random_tensor(bias_shape.size() == 4 ? bias_shape : std::vector<int64_t>{p.B, p.Hq, p.Nq, p.Nk}, p.seed,
+                            9, 0.0f, DType::fp32);
   Outputs ref;
   {
     auto r = s.make(p, in, def);
@@ -222,6 +263,7 @@ Stage stage(const std::string& cache_file) {
   s.title = "steps 4 and 5 in the configurations tuned for this GPU and problem (cached)";
   s.platform = &cuda_platform();
   s.has_backward = true;
+  s.has_score_mods = true;  // step 4's and step 5's, in the configurations that have them (the tuner picks no other)
   // "tuned": the configurations the autotuner chose (or reads from its cache); "default": steps 4 and 5
   // in their default configurations, nothing tuned (the baseline of `--bench --bench-against default`).
   s.variants = {"tuned", "default"};
@@ -229,13 +271,17 @@ Stage stage(const std::string& cache_file) {
   // configuration test).
   s.forward_from = fwd.name;
   s.backward_from = bwd.name;
-  s.unsupported = [fwd](const Problem& p, const std::string&) { return fwd.unsupported(p, "auto"); };
+  s.unsupported = [fwd, bwd](const Problem& p, const std::string&) {
+    std::string why = fwd.unsupported(p, fwd.variants[0]);
+    if (why.empty() && p.backward) why = bwd.unsupported(p, bwd.variants[0]);
+    return why;
+  };
   s.make = [fwd, bwd, cache_file](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
     if (v == "default") return p.backward ? bwd.make(p, in, bwd.variants[0]) : fwd.make(p, in, fwd.variants[0]);
-    const Choice f = Autotuner(cache_file).choose(fwd, forward_only(p));
+    const Choice f = Autotuner(cache_file).choose(fwd, forward_only(p), false, in.bias.shape);
     std::fprintf(stderr, "step6_autotune: forward: %s config %s\n", f.source.c_str(), f.variant.c_str());
     if (!p.backward) return fwd.make(p, in, f.variant);
-    const Choice b = Autotuner(cache_file).choose(bwd, p);
+    const Choice b = Autotuner(cache_file).choose(bwd, p, false, in.bias.shape);
     std::fprintf(stderr, "step6_autotune: backward: %s config %s\n", b.source.c_str(), b.variant.c_str());
     return bwd.make(p, in, step5::with_forward(b.variant, f.variant));
   };

@@ -8,9 +8,10 @@
 //   2. times each survivor on the user's problem (fresh inputs, warm-up, median of CUDA-event timings),
 //      after a quick check that it computes what the default configuration computes,
 //   3. caches the winner in a JSON file keyed by GPU, compute capability, dtype, head dim, causal, GQA
-//      group and a sequence-length bucket, so later runs time nothing.
+//      group, the score modifiers that are on and a sequence-length bucket, so later runs time nothing.
 // DISABLE_AUTOTUNE=1 (or FMHA_DISABLE_AUTOTUNE=1) skips all of it and uses the default configuration.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,13 +28,21 @@ struct DeviceLimits {
 };
 DeviceLimits current_device();  // from the CUDA runtime
 
-// The stage's tuning variants that fit `dev`; `rejected` gets "name: reason" for the others.
+// The stage's tuning variants that can run p (the stage's `unsupported`: step 4's lesson configurations
+// have no score modifiers) and fit `dev`; `rejected` gets "name: reason" for the others.
 std::vector<std::string> feasible_variants(const Stage& s, const Problem& p, const DeviceLimits& dev,
                                            std::vector<std::string>* rejected = nullptr);
 
-// "gpu|cc|stage|fwd|dtype|d|causal|group[|dropout]|N<=bucket": the cache key of a problem (dropout compiles
-// other kernels, so it tunes apart).
-std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev);
+// "gpu|cc|stage|fwd|dtype|d|causal|group[|dropout][|mods]|N<=bucket": the cache key of a problem. Dropout
+// and the score modifiers compile other kernels (and a bias is traffic of its own), so they tune apart; the
+// key of a problem without them is what it always was. [|mods] names each modifier that is on:
+//   |biasBH   a bias and its shape: B or 1, H or 1 (a broadcast dimension), as `bias_shape` [B|1, Hq|1, Nq, Nk]
+//             says; without bias_shape, a full [B, Hq, ...] one
+//   |alibi    ALiBi (its slopes change no work)
+//   |softcap  a softcap (its value changes no work)
+//   |win<=L,<=R  a sliding window, each side bucketed like N (-1: unbounded; causal caps R at 0)
+std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev,
+                      const std::vector<int64_t>& bias_shape = {});
 
 // The winner of a timed table: the fastest configuration, unless the default's own time (if it is in the
 // table) is within `margin` of it, in which case the default stays. Timings of one GPU move by about 2%
@@ -55,10 +64,11 @@ class Autotuner {
  public:
   explicit Autotuner(std::string cache_file = default_cache_path());
   // The configuration for `p`: the default if disabled, the cached one if any (unless `force`),
-  // otherwise tuned now (and cached). Progress goes to stderr.
-  Choice choose(const Stage& s, const Problem& p, bool force = false);
+  // otherwise tuned now (and cached). Progress goes to stderr. With p.bias, `bias_shape` is the bias's
+  // shape (Inputs::bias.shape; empty: a full one): the tuning runs draw a random bias of that shape.
+  Choice choose(const Stage& s, const Problem& p, bool force = false, const std::vector<int64_t>& bias_shape = {});
   // Only what is cached: "" if nothing is.
-  std::string cached(const Stage& s, const Problem& p) const;
+  std::string cached(const Stage& s, const Problem& p, const std::vector<int64_t>& bias_shape = {}) const;
   void clear();  // removes the cache file
   const std::string& file() const { return file_; }
 

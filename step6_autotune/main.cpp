@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
     if (const std::string why = s.platform->unavailable_reason(); !why.empty())
       throw std::runtime_error("step6_autotune needs a CUDA GPU: " + why);
     fa::CommonOptions probe = o;  // resolve the problem once to tune it (prepare_inputs fills the defaults)
-    fa::prepare_inputs(probe);
+    const std::vector<int64_t> bias_shape = fa::prepare_inputs(probe).bias.shape;  // the cache key names it
     // The forward (step 4) on the problem without its backward, then, for a backward run, the backward
     // (step 5): each tuned or read from the cache, exactly as the stage's make() will ask for them.
     const fa::Problem& p = probe.problem;
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     if (o.variant == "default" && o.bench_against != "tuned") passes.clear();  // nothing tuned runs
     for (const auto& [base, problem] : passes) {
       const char* pass = problem.backward ? "backward" : "forward";
-      const fa::step6::Choice c = tuner.choose(base, problem, force);
+      const fa::step6::Choice c = tuner.choose(base, problem, force, bias_shape);
       const std::string def = fa::step6::default_config(base, problem, fa::step6::current_device());
       std::printf("%s configuration: %s (%s; cache %s)\n", pass, c.variant.c_str(), c.source.c_str(),
                   tuner.file().c_str());

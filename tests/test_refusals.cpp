@@ -15,6 +15,7 @@
 #include <fstream>
 #include <limits>
 #include <new>
+#include <stdexcept>
 
 #include "core/dtype.h"
 #include "core/npy.h"
@@ -233,6 +234,29 @@ TEST(Refusals, ScoreModifiersOnStep2) {
           {{"--seq", "8", "--variant", "3pass", "--window", "2,0", "--backward"},
            "--backward needs --variant fa1 or fa2, not 3pass"},
       });
+}
+
+// A stage that does not declare has_score_mods (every stage of the course does now) refuses the four flags,
+// named as given, before anything runs, and says which stages have them.
+TEST(Refusals, ScoreModifiersOnAStageWithoutThem) {
+  bool made = false;
+  Stage s;
+  s.name = "plain_stage";
+  s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
+  s.make = [&made](const Problem&, const Inputs&, const std::string&) -> std::unique_ptr<Runner> {
+    made = true;
+    throw std::runtime_error("reached make()");
+  };
+  expect_refused(run_main(s, {"--seq", "8", "--softcap", "5", "--window", "2,0"}),
+                 "plain_stage has no score modifiers (--window, --softcap): every stage of the course has them, "
+                 "steps 1 to 6 (step 4 in its 4d and 4e configurations)",
+                 "--softcap --window");
+  expect_refused(run_main(s, {"--seq", "8", "--alibi"}), "plain_stage has no score modifiers (--alibi): ", "--alibi");
+  EXPECT_FALSE(made) << "a refused run reached make()";
+  s.has_score_mods = true;  // the same stage declaring them takes them
+  const CliResult r = run_main(s, {"--seq", "8", "--alibi"});
+  EXPECT_TRUE(made) << r.err;
+  EXPECT_EQ(r.err.find("has no score modifiers"), std::string::npos) << r.err;
 }
 
 TEST(Refusals, MalformedScoreModifiers) {

@@ -102,6 +102,101 @@ TEST(Step6Cache, KeyBucketsSequenceLengthsAndSeparatesFeatures) {
   EXPECT_NE(key(problem(128, 4096)), key(dropout));
 }
 
+// Existing cache files stay valid: the key of a problem without score modifiers is exactly what it was
+// before the modifiers existed.
+TEST(Step6Cache, KeyOfAPlainProblemIsUnchanged) {
+  const Stage s = step4::stage();
+  EXPECT_EQ(step6::cache_key(s, problem(128, 3000), kFakeH100),
+            "NVIDIA H100 80GB HBM3 (fake)|sm90|step4_fused_pipelined|fwd|bf16|d128|full|g1|N<=4096");
+  Problem p = problem(64, 1000, true, 1);
+  p.dropout = 0.1f;
+  EXPECT_EQ(step6::cache_key(s, p, kFakeSm120),
+            "NVIDIA GeForce RTX 5090 (fake)|sm120|step4_fused_pipelined|fwd|bf16|d64|causal|g4|dropout|N<=1024");
+  // A bias shape given for a problem without a bias changes nothing.
+  EXPECT_EQ(step6::cache_key(s, problem(128, 3000), kFakeH100, {1, 4, 3000, 3000}),
+            step6::cache_key(s, problem(128, 3000), kFakeH100));
+}
+
+// The score modifiers run other kernels (and a bias is traffic of its own): a configuration tuned for a
+// plain problem is never reused for a modified one, nor one modifier's for another's.
+TEST(Step6Cache, KeySeparatesScoreModifiers) {
+  const Stage s = step4::stage();
+  const auto key = [&](const Problem& p, std::vector<int64_t> bias_shape = {}) {
+    return step6::cache_key(s, p, kFakeH100, bias_shape);
+  };
+  Problem plain = problem(128, 4096, true);
+  plain.B = 2;
+  Problem bias = plain, alibi = plain, softcap = plain, window = plain, all = plain;
+  bias.bias = true;
+  alibi.alibi = true;
+  softcap.softcap = 30.0f;
+  window.window_left = 256;
+  all.bias = all.alibi = true;
+  all.softcap = 30.0f;
+  all.window_left = 256;
+  std::vector<std::string> keys;
+  for (const Problem* p : {&plain, &bias, &alibi, &softcap, &window, &all}) keys.push_back(key(*p));
+  std::vector<std::string> unique = keys;
+  std::sort(unique.begin(), unique.end());
+  EXPECT_EQ(std::unique(unique.begin(), unique.end()), unique.end()) << "each modifier tunes apart";
+  EXPECT_NE(key(bias).find("|biasBH|"), std::string::npos) << key(bias);  // no shape given: a full bias
+  EXPECT_NE(key(all).find("|biasBH|alibi|softcap|win<=256,0|N<=4096"), std::string::npos) << key(all);
+  // The bias's broadcast shape: [B|1, Hq|1, Nq, Nk]; the full one is the one assumed without a shape.
+  EXPECT_EQ(key(bias, {2, 4, 4096, 4096}), key(bias));
+  EXPECT_NE(key(bias, {1, 4, 4096, 4096}), key(bias));
+  EXPECT_NE(key(bias, {2, 1, 4096, 4096}), key(bias));
+  EXPECT_NE(key(bias, {1, 1, 4096, 4096}), key(bias, {1, 4, 4096, 4096}));
+  EXPECT_NE(key(bias, {1, 1, 4096, 4096}).find("|bias11|"), std::string::npos);
+  // The softcap's value and ALiBi's slopes change no work: one key. The window is bucketed like N.
+  Problem softcap5 = softcap;
+  softcap5.softcap = 5.0f;
+  EXPECT_EQ(key(softcap5), key(softcap));
+  Problem window200 = window, window300 = window, window_r = window;
+  window200.window_left = 200;
+  window300.window_left = 300;
+  EXPECT_EQ(key(window200), key(window));
+  EXPECT_NE(key(window300), key(window));
+  window_r.causal = false;  // without causal, the right side counts: unbounded here
+  EXPECT_NE(key(window_r).find("|win<=256,-1|"), std::string::npos) << key(window_r);
+  window_r.window_right = 0;
+  EXPECT_NE(key(window_r).find("|win<=256,0|"), std::string::npos) << key(window_r);
+}
+
+// Step 4 compiles the score modifiers into its TMA kernels with swizzled tiles in the default block order
+// (kernel_traits.h: kHasMods), not into its chapter's lessons and ablations. With a modifier on, its
+// unsupported refuses those, and the tuner skips them with that reason (it never makes one): the unswizzled
+// ablation, a candidate for a plain problem, is no candidate here; the others stay candidates.
+TEST(Step6Filter, SkipsConfigsThatCannotRunScoreModifiers) {
+  const Stage s = step4::stage();
+  for (int64_t d : {64, 128}) {
+    Problem p = problem(d, 1024);
+    p.softcap = 30.0f;
+    std::vector<std::string> rejected;
+    const auto ok = step6::feasible_variants(s, p, kFakeH100, &rejected);
+    EXPECT_EQ(ok.size() + rejected.size(), s.tuning_variants.size());
+    std::vector<std::string> plain_ok_with_mods;
+    for (const std::string& v : step6::feasible_variants(s, problem(d, 1024), kFakeH100))
+      if (s.unsupported(p, v).empty()) plain_ok_with_mods.push_back(v);
+    EXPECT_EQ(ok, plain_ok_with_mods) << "the plain problem's candidates that take the modifiers";
+    EXPECT_EQ(ok.size() + 1, step6::feasible_variants(s, problem(d, 1024), kFakeH100).size());
+    EXPECT_EQ(std::find(ok.begin(), ok.end(), "Br64-Bc64-W4-S2-noswizzle"), ok.end());
+    EXPECT_NE(std::find(ok.begin(), ok.end(), step6::default_config(s, p, kFakeH100)), ok.end());
+    EXPECT_NE(std::find(ok.begin(), ok.end(), "4e-Br64-Bc64-W4-S2"), ok.end());
+    size_t refused = 0;
+    for (const std::string& r : rejected)
+      if (r.find("score modifiers run in 4d's and 4e's configurations") != std::string::npos) ++refused;
+    EXPECT_EQ(refused, 8u) << "4a, 4b, 4c at two tile shapes, the block-order and the unswizzled ablations";
+  }
+  // Step 6's own stage takes the modifiers, and refuses what step 4's default cannot run.
+  const Stage s6 = step6::stage("/nonexistent/cache.json");
+  EXPECT_TRUE(s6.has_score_mods);
+  Problem p = problem(64, 1024);
+  p.alibi = true;
+  EXPECT_EQ(s6.unsupported(p, "tuned"), "");
+  p.dtype = DType::fp32;
+  EXPECT_NE(s6.unsupported(p, "tuned"), "");
+}
+
 TEST(Step6Pick, KeepsTheDefaultUnlessACandidateWinsByMoreThanTheNoise) {
   const std::vector<std::pair<std::string, double>> table = {{"A", 300.0}, {"B", 306.0}, {"C", 250.0}};
   EXPECT_EQ(step6::pick(table, "A", 0.03), "A");  // B is 2% faster: within the run-to-run spread

@@ -1,0 +1,160 @@
+// FlashAttention, step by step — step 4: a configuration's set-up and launch (step4_fused_pipelined/prepare.cuh)
+//
+// What it adds: from a configuration (kernel_traits.h) and a problem to a closure that launches its kernels,
+// with everything that is not the kernel's work done once, outside any timed region: the tensor maps, the
+// shared-memory opt-in, the choice among a configuration's kernels (dropout, packed heads, score modifiers),
+// and for 4e the number of splits and the workspace. prepare_named<T, D> looks a configuration up by name;
+// instances_*.cu compile it once per dtype and head dim, so a parallel build spreads the kernels over cores.
+#pragma once
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "gpu/config_list.h"
+#include "gpu/gpu_types.h"
+#include "gpu/tma.h"
+#include "step4_fused_pipelined/combine.cuh"
+#include "step4_fused_pipelined/configs.h"
+#include "step4_fused_pipelined/kernel_4a_threads.cuh"
+#include "step4_fused_pipelined/kernel_4c_cp_async.cuh"
+#include "step4_fused_pipelined/kernel_4d_tma.cuh"
+#include "step4_fused_pipelined/kernel_4e_split_kv.cuh"
+#include "step4_fused_pipelined/score_mod.cuh"
+
+namespace fa::step4 {
+
+// FlashAttention's choice of the number of splits: none when the blocks already fill the GPU's block slots
+// (SMs x blocks per SM); otherwise the fewest splits whose waves of blocks fill the slots to within 85 % of
+// the best, skipping counts that do not change how many K/V tiles each split walks.
+inline int choose_splits(int64_t blocks, int kv_tiles, int64_t slots) {
+  if (blocks >= 0.8 * double(slots)) return 1;
+  const int max_splits = int(std::min<int64_t>({128, kv_tiles, slots}));
+  auto efficiency = [&](int s) {
+    const int64_t waves = (blocks * s + slots - 1) / slots;
+    return double(blocks * s) / double(waves * slots);
+  };
+  double best = 0;
+  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  auto tiles_per = [&](int s) { return (kv_tiles + s - 1) / s; };
+  for (int s = 1; s <= max_splits; ++s)
+    if ((s == 1 || tiles_per(s) != tiles_per(s - 1)) && efficiency(s) >= 0.85 * best) return s;
+  return 1;
+}
+
+// 4e's set-up: the packed view (grouped query heads, without dropout), the number of splits (--splits or
+// choose_splits), the workspace, and a closure that launches the split kernel, then the merge.
+template <class Tr>
+std::function<void()> prepare_split(const Problem& p, const AttnParams& params) {
+  constexpr size_t kSmem = kFwdSmemBytes<Tr>;
+  require_smem_optin(kSmem, "this config");
+  using T = typename Tr::T;
+  const bool packed = p.group() > 1 && !params.dropout.threshold;
+  SplitParams sp{};
+  sp.view = params;
+  if (packed) {  // [B, Hq, Nq, d] = [B, Hkv, g * Nq, d]: the g heads of a group are neighbours
+    sp.view.Hq = p.Hkv;
+    sp.view.Nq = int(p.group() * p.Nq);
+    sp.view.group = 1;
+  }
+  const int64_t blocks = (sp.view.Nq + Tr::Br - 1) / Tr::Br * sp.view.Hq * p.B;
+  if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
+  decltype(&split_kv_forward<Tr, false, false>) kernel = nullptr;
+  dispatch_mods(mods_kind(p), [&](auto mods) {  // plain, or the score modifiers' kernel (score_mod.cuh)
+    constexpr int kMods = decltype(mods)::value;
+    kernel = params.dropout.threshold ? split_kv_forward<Tr, true, false, kMods>
+             : packed                 ? split_kv_forward<Tr, false, true, kMods>
+                                      : split_kv_forward<Tr, false, false, kMods>;
+  });
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+  int per_sm = 0, sms = 0, dev = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tr::kThreads, kSmem));
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  int kv_tiles = int((p.Nk + Tr::Bc - 1) / Tr::Bc);
+  if (p.window_left >= 0 && (p.window_right >= 0 || p.causal)) {
+    // A window bounded on both sides: a tile's rows (at most max(Br, Nq) positions, packed ones wrap)
+    // see a band of at most span + left + right keys, which touches at most ceil(band / Bc) + 1 tiles.
+    // Never fewer than the kernel walks: the splits must cover every visible tile.
+    const int64_t right = p.causal ? 0 : p.window_right;  // causal: no key right of the diagonal
+    const int64_t band = std::max<int64_t>(Tr::Br, p.Nq) + p.window_left + right;
+    kv_tiles = int(std::min<int64_t>(kv_tiles, (band + Tr::Bc - 1) / Tr::Bc + 1));
+  }
+  const int splits = p.splits > 0 ? int(p.splits) : choose_splits(blocks, kv_tiles, int64_t(sms) * std::max(per_sm, 1));
+  sp.tiles_per_split = (kv_tiles + splits - 1) / splits;  // the last splits may get none: they write the identity
+  sp.rows_total = p.B * p.Hq * p.Nq;
+  auto workspace = std::make_shared<DeviceBuffer>(size_t(splits) * size_t(sp.rows_total) * (Tr::D + 1) * sizeof(float));
+  sp.o_part = workspace->template as<float>();
+  sp.lse_part = sp.o_part + size_t(splits) * size_t(sp.rows_total) * Tr::D;
+  const CUtensorMap tq = make_tensor_map_bhnd(params.q, p.dtype, p.B * sp.view.Hq, sp.view.Nq, Tr::D, Tr::Br, true);
+  const CUtensorMap tk = make_tensor_map_bhnd(params.k, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, true);
+  const CUtensorMap tv = make_tensor_map_bhnd(params.v, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, true);
+  const unsigned combine_blocks = unsigned((sp.rows_total + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock);
+  return [=] {
+    kernel<<<dim3(unsigned(blocks), unsigned(splits)), Tr::kThreads, kSmem>>>(tq, tk, tv, params, sp);
+    CUDA_CHECK_LAUNCH();
+    // The merge reads what every split wrote: the launches are ordered on the stream.
+    combine_splits<T, Tr::D><<<combine_blocks, 32 * kCombineRowsPerBlock>>>(
+        sp.o_part, sp.lse_part, splits, sp.rows_total, static_cast<T*>(params.o), params.lse);
+    CUDA_CHECK_LAUNCH();
+    (void)workspace;  // the closure owns the workspace
+  };
+}
+
+// 4a-4d's set-up, outside any timed region: tensor maps, the shared-memory opt-in, the launch closure.
+template <class Tr>
+std::function<void()> prepare_tiles(const Problem& p, const AttnParams& params) {
+  constexpr size_t kSmem = kFwdSmemBytes<Tr>;
+  require_smem_optin(kSmem, "this config");
+  const int64_t blocks = (p.Nq + Tr::Br - 1) / Tr::Br * p.Hq * p.B;
+  if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
+  if constexpr (Tr::kCopy != TileCopy::kTma) {  // 4a-4c: the threads copy; no tensor maps
+    auto pick = [](auto dropout) {
+      if constexpr (Tr::kCopy == TileCopy::kCpAsync) return forward_4c<Tr, decltype(dropout)::value>;
+      else return forward_4a<Tr, decltype(dropout)::value>;
+    };
+    auto kernel = params.dropout.threshold ? pick(std::true_type{}) : pick(std::false_type{});
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return [=] {
+      kernel<<<unsigned(blocks), Tr::kThreads, kSmem>>>(params);
+      CUDA_CHECK_LAUNCH();
+    };
+  } else {  // 4d: tensor maps for TMA
+    constexpr bool swizzle = Tr::kLayout == SmemLayout::kSwizzle;  // else plain rows: the ablation
+    const CUtensorMap tq = make_tensor_map_bhnd(params.q, p.dtype, p.B * p.Hq, p.Nq, Tr::D, Tr::Br, swizzle);
+    const CUtensorMap tk = make_tensor_map_bhnd(params.k, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, swizzle);
+    const CUtensorMap tv = make_tensor_map_bhnd(params.v, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, swizzle);
+    const CUtensorMap to = make_tensor_map_bhnd(params.o, p.dtype, p.B * p.Hq, p.Nq, Tr::D, 16, swizzle);  // a warp's rows
+    auto kernel = params.dropout.threshold ? fused_forward<Tr, true> : fused_forward<Tr, false>;
+    if constexpr (Tr::kHasMods)  // the score modifiers' kernel (score_mod.cuh); launch.cu refuses them elsewhere
+      dispatch_mods(mods_kind(p), [&](auto mods) {
+        constexpr int kMods = decltype(mods)::value;
+        kernel = params.dropout.threshold ? fused_forward<Tr, true, kMods> : fused_forward<Tr, false, kMods>;
+      });
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return [=] {
+      kernel<<<unsigned(blocks), Tr::kThreads, kSmem>>>(tq, tk, tv, to, params);
+      CUDA_CHECK_LAUNCH();
+    };
+  }
+}
+
+// Any configuration's set-up, outside any timed region: tensor maps, the shared-memory opt-in, the launch closure.
+template <class Tr>
+std::function<void()> prepare(const Problem& p, const AttnParams& params) {
+  if constexpr (Tr::kSplitKv) return prepare_split<Tr>(p, params);
+  else return prepare_tiles<Tr>(p, params);
+}
+
+// The set-up of the configuration named `name` for element type T and head dim D (configs.h).
+template <typename T, int D>
+std::function<void()> prepare_named(const std::string& name, const Problem& p, const AttnParams& params) {
+  std::function<void()> f;
+  if (!with_config_named(name, typename Configs<T, D>::All{}, [&](auto cfg) { f = prepare<typename decltype(cfg)::type>(p, params); }))
+    throw std::invalid_argument("step 4 has no config " + name + " for d = " + std::to_string(D));
+  return f;
+}
+
+}  // namespace fa::step4

@@ -1,0 +1,134 @@
+// FlashAttention, step by step — step 4: score modifiers and masks in the kernels (step4_fused_pipelined/score_mod.cuh)
+//
+// What it adds: core/score_mod.h's modifier (bias, ALiBi, softcap) and mask (causal and sliding window) on
+// the scores a kernel holds in registers, at one place that the forward (4d, 4e) and the backward (step 5)
+// share. A kernel takes it as a compile-time parameter, kMods: 0, and the kernel is what it was (the plain
+// path pays nothing); otherwise the mask alone, the mask with one value modifier (its kernel knows which at
+// compile time), or the mask with any of them (tested at run time): mods_kind() picks. The scores of a tile
+// pass through ScoreMods before the softmax, and only where needed:
+//   a bias, ALiBi or a softcap changes every visible score: every tile passes through, element by element;
+//   a mask alone (causal, window, the end of K) only cuts the tiles it crosses: the others pass untouched,
+//   and the scheduler never visits tiles wholly outside the window (scheduler.cuh, window_tiles).
+// Units: step 4's softmax keeps scores in raw units q.k and folds the scale into exp2 (softmax.h). The
+// modifier is defined on scaled scores, so a modified score goes back to raw units:
+//     s' = modify(scale * s) / scale          (masked: -inf)
+// and the softmax, the LSE and step 5's recomputation of P = exp2(s' scale log2(e) - LSE log2(e)) stay as
+// they are. The backward multiplies dS by the softcap's derivative, softcap_grad(scale * s'), and dBias is
+// that dS (docs/conventions.md).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/score_mod.h"
+#include "gpu/gpu_runner.h"
+
+namespace fa::step4 {
+
+// One query row as the modifier sees it, in 32-bit registers: the keys [lo, hi] it sees (core/score_mod.h's
+// visible_range: causal, window and the end of K; empty past the end of Q), its diagonal input_pos + i
+// (ALiBi's distances are from it), the bias row [Nk] of its (batch, head) or nullptr, its head's slope.
+struct ModRow {
+  int lo, hi, diag;
+  const float* bias;
+  float slope;
+};
+
+// The kernels a problem runs: kMods = 0, the plain kernel; otherwise kModMask plus the value modifiers
+// (core/score_mod.h's ModBits) compiled in. One value modifier alone gets a kernel of its own, in which its
+// flag is known at compile time; two or more take the kernel that tests each at run time (kModAll).
+constexpr int kModAll = kModMask | kModifyAny;
+inline int mods_kind(const Problem& p) {
+  if (!p.has_score_mods()) return 0;
+  const int v = (p.bias ? kModBias : 0) | (p.alibi ? kModAlibi : 0) | (p.softcap > 0.0f ? kModSoftcap : 0);
+  return (v & (v - 1)) == 0 ? kModMask | v : kModAll;  // none or one value modifier: its own kernel
+}
+
+// Calls f(std::integral_constant<int, kind>{}): a launcher's way from mods_kind(p) to a kernel's kMods.
+template <class F>
+void dispatch_mods(int kind, F&& f) {
+  switch (kind) {
+    case 0: return f(std::integral_constant<int, 0>{});
+    case kModMask: return f(std::integral_constant<int, kModMask>{});
+    case kModMask | kModBias: return f(std::integral_constant<int, kModMask | kModBias>{});
+    case kModMask | kModAlibi: return f(std::integral_constant<int, kModMask | kModAlibi>{});
+    case kModMask | kModSoftcap: return f(std::integral_constant<int, kModMask | kModSoftcap>{});
+    default: return f(std::integral_constant<int, kModAll>{});
+  }
+}
+
+template <int kMods>
+struct ScoreMods {
+  static_assert(kMods == kModMask || kMods == (kModMask | kModBias) || kMods == (kModMask | kModAlibi) ||
+                    kMods == (kModMask | kModSoftcap) || kMods == kModAll,
+                "a kernel's modifiers: the mask alone, with one value modifier, or all of them");
+  static constexpr int kValues = kMods & kModifyAny;  // the value modifiers compiled in (0: the mask alone)
+  static constexpr bool kLone = kValues == kModBias || kValues == kModAlibi || kValues == kModSoftcap;
+  ScoreMod m;
+  float scale, inv_scale;
+  int Nq, Nk;
+  const float* bias;                      // [B or 1, Hq or 1, Nq, Nk] or nullptr
+  int64_t bias_stride_b, bias_stride_h;   // 0 along a broadcast dimension
+
+  // Reads the modifier from device memory once (p.mods; only kernels compiled with kMods build one).
+  __device__ explicit ScoreMods(const AttnParams& p) : scale(p.scale), inv_scale(1.0f / p.scale), Nq(p.Nq), Nk(p.Nk) {
+    const ModParams mp = *p.mods;
+    m = mp.mod;
+    bias = mp.bias;
+    bias_stride_b = mp.bias_stride_b;
+    bias_stride_h = mp.bias_stride_h;
+  }
+
+  // Row i of query head h in batch b: looked up once per kernel, outside the main loop. (Positions and key
+  // indices are below 2^30, stage 4's limit; a diagonal beyond int's range is clamped, which changes no
+  // visible key and only ALiBi distances of 2^31 and more.)
+  __device__ ModRow row(int b, int h, int i) const {
+    int64_t lo = 1, hi = 0;  // past the end of Q: nothing visible
+    if (i < Nq) visible_range(m, Nk, i, &lo, &hi);
+    const int64_t diag = m.input_pos + i;
+    const float* row_bias = bias ? bias + b * bias_stride_b + h * bias_stride_h + int64_t(min(i, Nq - 1)) * Nk : nullptr;
+    if (lo > hi) lo = 1, hi = 0;  // empty; else both in [0, Nk - 1]
+    return {int(lo), int(hi), int(max(min(diag, int64_t(INT32_MAX)), int64_t(INT32_MIN))), row_bias, head_slope(m, h)};
+  }
+
+  // Score s (raw units) of row r, key j -> the modified score in raw units, or -inf where masked.
+  __device__ __forceinline__ float operator()(float s, const ModRow& r, int j) const {
+    if (j < r.lo || j > r.hi) return -INFINITY;
+    if constexpr (kValues == 0) {
+      return s;
+    } else {
+      float b = 0.0f;
+      if constexpr ((kValues & kModBias) != 0)
+        if (kLone || r.bias) b = __ldg(r.bias + j);
+      return modify_at<kValues>(m, scale * s, b, r.slope, j - r.diag) * inv_scale;
+    }
+  }
+
+  // The keys every row of [i0, i1] sees: the left edge of the last row to the right edge of the first
+  // (the band moves right as i grows); empty when a row passes the end of Q. Once per warp.
+  __device__ ModRow common(int i0, int i1) const {
+    ModRow c = row(0, 0, i1), first = row(0, 0, i0);
+    c.hi = i1 < Nq ? min(c.hi, first.hi) : -1;
+    return c;
+  }
+  // Must a tile of keys [k0, k0 + cols) pass through element by element, for rows whose common keys are
+  // `c`? Yes with a value modifier; otherwise only when the mask or an end cuts it.
+  __device__ __forceinline__ bool needed(const ModRow& c, int k0, int cols) const {
+    return kValues != 0 || k0 < c.lo || k0 + cols - 1 > c.hi;
+  }
+
+  // d(modified)/d(scale * q.k) of a visible score s' (raw units): the softcap's derivative, 1 without one.
+  __device__ __forceinline__ float grad(float s) const { return softcap_grad(m, scale * s); }
+
+  // The forward's S accumulators (mask.h's layout): s[nt][0..1] = row r0, keys key_2t + 8nt, +1;
+  // s[nt][2..3] = row r8, the same keys.
+  template <int NT>
+  __device__ __forceinline__ void apply(float (&s)[NT][4], const ModRow& r0, const ModRow& r8, int key_2t) const {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = (*this)(s[nt][e], e < 2 ? r0 : r8, key_2t + nt * 8 + (e & 1));
+  }
+};
+
+}  // namespace fa::step4
