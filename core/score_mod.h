@@ -106,9 +106,10 @@ FA_HD T modify_at(const ScoreMod& m, T s, T bias, float slope, Dist dist) {
   if constexpr ((kWhich & kModBias) != 0) s += bias;
   if constexpr ((kWhich & kModAlibi) != 0)
     if (kLone || m.alibi) s -= T(slope) * T(dist < 0 ? -dist : dist);
+  // Only a bias can make s -inf here (a masked score never reaches modify): without one, no test.
   if constexpr ((kWhich & kModSoftcap) != 0)
-    if ((kLone || m.softcap > 0.0f) && s != -T(INFINITY))  // times 1/c, not / c: a kernel hoists 1/c
-      s = T(m.softcap) * softcap_tanh(s * (T(1) / T(m.softcap)));
+    if ((kLone || m.softcap > 0.0f) && ((kWhich & kModBias) == 0 || s != -T(INFINITY)))
+      s = T(m.softcap) * softcap_tanh(s * (T(1) / T(m.softcap)));  // times 1/c, not / c: a kernel hoists 1/c
   return s;
 }
 // The ALiBi slope of query head h: the given one, or the standard series.

@@ -34,7 +34,10 @@ struct Configs {
   static_assert(kFwdSmemBytes<Sm120> <= kSm120SmemBytes,
                 "the sm_120 default must fit in sm_120's 99 KB of shared memory per block");
   // Decoding (a head's queries fill less than a tile, or --splits): 4e, split-KV, on either architecture.
-  static constexpr FwdTiles kDecode{.Br = 64, .Bc = 64, .stages = 2, .split_kv = true};
+  // At d = 64 a tile of 128 keys (16 KB of K, 16 KB of V per barrier wait), at d = 128 one of 64 (the same
+  // bytes; 128 keys would not fit sm_120). The other key-tile length is a configuration too (step 6 tries it).
+  static constexpr FwdTiles kDecode{.Br = 64, .Bc = D == 64 ? 128 : 64, .stages = 2, .split_kv = true};
+  static constexpr FwdTiles kDecodeOther{.Br = 64, .Bc = D == 64 ? 64 : 128, .stages = 2, .split_kv = true};
   using Decode = Fwd<kDecode>;
   static_assert(kFwdSmemBytes<Decode> <= kSm120SmemBytes, "the decoding kernel must fit sm_120's 99 KB too");
   static constexpr FwdTiles k64{.Br = 64, .Bc = 64}, k128{.Br = 128, .Bc = 128};
@@ -51,7 +54,7 @@ struct Configs {
                          Fwd<FwdTiles{.Br = 64, .Bc = 128, .stages = 2}>,  //
                          Fwd<FwdTiles{.Br = 64, .Bc = 64, .stages = 2, .layout = SmemLayout::kPlain}>,  //
                          Fwd<FwdTiles{.Br = 128, .Bc = 128, .stages = 2, .head_fast = true}>,          //
-                         Decode,                                                                       //
+                         Decode, Fwd<kDecodeOther>,                                                    //
                          Fwd<substep(k64, Substep::k4a)>, Fwd<substep(k64, Substep::k4b)>,             //
                          Fwd<substep(k64, Substep::k4c)>,                                              //
                          Fwd<substep(k128, Substep::k4a)>, Fwd<substep(k128, Substep::k4b)>,           //

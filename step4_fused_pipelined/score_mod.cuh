@@ -10,11 +10,12 @@
 //   a mask alone (causal, window, the end of K) only cuts the tiles it crosses: the others pass untouched,
 //   and the scheduler never visits tiles wholly outside the window (scheduler.cuh, window_tiles).
 // Units: step 4's softmax keeps scores in raw units q.k and folds the scale into exp2 (softmax.h). The
-// modifier is defined on scaled scores, so a modified score goes back to raw units:
-//     s' = modify(scale * s) / scale          (masked: -inf)
-// and the softmax, the LSE and step 5's recomputation of P = exp2(s' scale log2(e) - LSE log2(e)) stay as
-// they are. The backward multiplies dS by the softcap's derivative, softcap_grad(scale * s'), and dBias is
-// that dS (docs/conventions.md).
+// modifier is defined on scaled scores; in raw units it is the same modifier with every constant divided
+// by the scale (bias / scale, slope / scale, c / scale: c tanh(scale s / c) / scale = c' tanh(s / c')):
+//     s' = modify(scale * s) / scale = modify_raw(s)          (masked: -inf)
+// so no score is multiplied by the scale and back, and the softmax, the LSE and step 5's recomputation of
+// P = exp2(s' scale log2(e) - LSE log2(e)) stay as they are. The backward multiplies dS by the softcap's
+// derivative, 1 - (s / c)^2 = 1 - (s' / c')^2, and dBias is that dS (docs/conventions.md).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -27,7 +28,8 @@ namespace fa::step4 {
 
 // One query row as the modifier sees it, in 32-bit registers: the keys [lo, hi] it sees (core/score_mod.h's
 // visible_range: causal, window and the end of K; empty past the end of Q), its diagonal input_pos + i
-// (ALiBi's distances are from it), the bias row [Nk] of its (batch, head) or nullptr, its head's slope.
+// (ALiBi's distances are from it), the bias row [Nk] of its (batch, head) or nullptr, its head's slope in
+// raw units (slope / scale, below).
 struct ModRow {
   int lo, hi, diag;
   const float* bias;
@@ -64,7 +66,7 @@ struct ScoreMods {
                 "a kernel's modifiers: the mask alone, with one value modifier, or all of them");
   static constexpr int kValues = kMods & kModifyAny;  // the value modifiers compiled in (0: the mask alone)
   static constexpr bool kLone = kValues == kModBias || kValues == kModAlibi || kValues == kModSoftcap;
-  ScoreMod m;
+  ScoreMod m;  // in raw units: m.softcap is c / scale (the mask's fields are positions, unchanged)
   float scale, inv_scale;
   int Nq, Nk;
   const float* bias;                      // [B or 1, Hq or 1, Nq, Nk] or nullptr
@@ -74,6 +76,7 @@ struct ScoreMods {
   __device__ explicit ScoreMods(const AttnParams& p) : scale(p.scale), inv_scale(1.0f / p.scale), Nq(p.Nq), Nk(p.Nk) {
     const ModParams mp = *p.mods;
     m = mp.mod;
+    m.softcap *= inv_scale;
     bias = mp.bias;
     bias_stride_b = mp.bias_stride_b;
     bias_stride_h = mp.bias_stride_h;
@@ -88,7 +91,8 @@ struct ScoreMods {
     const int64_t diag = m.input_pos + i;
     const float* row_bias = bias ? bias + b * bias_stride_b + h * bias_stride_h + int64_t(min(i, Nq - 1)) * Nk : nullptr;
     if (lo > hi) lo = 1, hi = 0;  // empty; else both in [0, Nk - 1]
-    return {int(lo), int(hi), int(max(min(diag, int64_t(INT32_MAX)), int64_t(INT32_MIN))), row_bias, head_slope(m, h)};
+    return {int(lo), int(hi), int(max(min(diag, int64_t(INT32_MAX)), int64_t(INT32_MIN))), row_bias,
+            head_slope(m, h) * inv_scale};  // the slope in raw units
   }
 
   // Score s (raw units) of row r, key j -> the modified score in raw units, or -inf where masked.
@@ -99,8 +103,8 @@ struct ScoreMods {
     } else {
       float b = 0.0f;
       if constexpr ((kValues & kModBias) != 0)
-        if (kLone || r.bias) b = __ldg(r.bias + j);
-      return modify_at<kValues>(m, scale * s, b, r.slope, j - r.diag) * inv_scale;
+        if (kLone || r.bias) b = __ldg(r.bias + j) * inv_scale;  // the bias in raw units
+      return modify_at<kValues>(m, s, b, r.slope, j - r.diag);
     }
   }
 
@@ -118,7 +122,7 @@ struct ScoreMods {
   }
 
   // d(modified)/d(scale * q.k) of a visible score s' (raw units): the softcap's derivative, 1 without one.
-  __device__ __forceinline__ float grad(float s) const { return softcap_grad(m, scale * s); }
+  __device__ __forceinline__ float grad(float s) const { return softcap_grad(m, s); }
 
   // The forward's S accumulators (mask.h's layout): s[nt][0..1] = row r0, keys key_2t + 8nt, +1;
   // s[nt][2..3] = row r8, the same keys.

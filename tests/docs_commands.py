@@ -19,7 +19,7 @@ What is done with each:
   skip     with the reason, counted:
            build      any other ./run.sh, ctest or cmake line (the tree is built already);
            GPU        it names a GPU program (step3_ to step6_, fa_gpu_tests, tests/run_gpu.sh, mma_peak,
-                      docs/bench/sweep.py, configs.sh or ab_builds.py, the tour's --tuned rows,
+                      docs/bench/sweep.py and mods_bench.py, configs.sh or ab_builds.py, the tour's --tuned rows,
                       compute-sanitizer, ncu, nsys, cuobjdump), or its test regex names GPU tests
                       (step3 to step6, Gpu) and BUILD_DIR has no GPU tests;
            template   it stands for a command to adapt: <gpu>, "...", or a name in capitals (OLD_BUILD).
@@ -45,7 +45,7 @@ COMMAND_START = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*"
 SHELL_FENCES = {"", "sh", "bash", "shell"}
 INLINE_TEST_RUN = re.compile(r"`(\./run\.sh test -R [^`]+)`")
 
-GPU_PROGRAM = re.compile(r"\bstep[3-6]_|fa_gpu_tests|run_gpu\.sh|mma_peak|sweep\.py|configs\.sh|ab_builds\.py"
+GPU_PROGRAM = re.compile(r"\bstep[3-6]_|fa_gpu_tests|run_gpu\.sh|mma_peak|sweep\.py|mods_bench\.py|configs\.sh|ab_builds\.py"
                          r"|flashattention_tour\b.*--tuned|compute-sanitizer|\bncu\b|\bnsys\b|cuobjdump")
 GPU_TESTS = re.compile(r"(?i)step[3-6]|gpu")
 TEMPLATE = re.compile(r"<[\w-]+>|\.\.\.|(?<![\w$./-])[A-Z][A-Z0-9_]{2,}(?![\w.=/])")
