@@ -26,7 +26,9 @@
 //   dV += (P^T o Z^T) dO,  dK += dS^T Q                       [Bc, d]   (dK times scale at the end)
 //   dQ_i += dS K                                              [Bq, d]   fp32 atomics (scale applied later)
 // Compiled with score modifiers (kMods != 0), as dkdv.cuh: S^T through the modifier and mask (P^T then after
-// dP^T: dS_pre needs S' for the softcap's derivative), dS_pre stored as dBias, windowed query tiles skipped.
+// dP^T: dS_pre needs S' for the softcap's derivative), windowed query tiles skipped, and dS_pre is dBias:
+// stored for a full bias, but added with float atomics into a broadcast one (device.cuh, DBiasRows), so
+// that its dBias, like its dQ, is not bit-reproducible from run to run.
 // Limits: d = 64 or 128, bf16/fp16; the sm_90 tiles (201 / 220 KB of shared memory at d = 64 / 128) do not
 // fit sm_120's 99 KB, which takes smaller tiles (configs.h).
 #pragma once
@@ -261,8 +263,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     float d_i[kNQ][2], lse2m[kNQ][2];
     read_lse_d(d_i, it, 1);
     if (kDefer && modded) read_lse_d(lse2m, it, 0);
-    constexpr bool kBias = (Mods::kValues & kModBias) != 0;  // only a kernel with the bias writes dBias
-    float* dbias = kBias && modded && bp.dbias ? bp.dbias + (int64_t(w.b) * p.Hq + h) * p.Nq * p.Nk : nullptr;  // of head h
+    const DBiasRows dbias = dbias_rows</*kBiasShaped=*/true>(bp, mods, w.b, h).at(q0 + qry0 + 2 * t, w.k0 + key0 + g);
 #pragma unroll
     for (int mi = 0; mi < kMK; ++mi)
 #pragma unroll
@@ -278,7 +279,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           }
           s[mi][nt][e] = pr * z;
           dp[mi][nt][e] = pr * (dp[mi][nt][e] * z - d_i[nt][e % 2]) * grad;
-          if (dbias && i < p.Nq && j < p.Nk) dbias[int64_t(i) * p.Nk + j] = dp[mi][nt][e];
+          dbias.put(8 * nt + e % 2, 16 * mi + 8 * (e / 2), dp[mi][nt][e]);  // (i, j), with the bias (device.cuh)
         }
 
     // Park Pd^T and dS^T in shared memory ([Bc, kPitch] tiles, 16-bit pairs straight from the C fragments),

@@ -4,8 +4,9 @@
 // movement; this file adds what only the backward needs: the parameter block, the XOR-stepped operand
 // addressing (a per-configuration choice of the atomic kernel), the store of a warp's accumulator rows,
 // and the schedule of a block that owns a tile of keys with the loads of its Q/dO ring (the dK/dV and
-// atomic kernels). With score modifiers (a kernel's kMods != 0), that schedule also skips the query tiles a sliding window
-// hides from the block's keys, and ModColumns gives each query's step4::ModRow from its tile's first one.
+// atomic kernels). With score modifiers (a kernel's kMods != 0), that schedule also skips the query tiles a
+// sliding window hides from the block's keys, ModColumns gives each query's step4::ModRow from its tile's
+// first one, and DBiasRows is where dS_pre (dBias) goes.
 #pragma once
 #include <cuda.h>
 
@@ -34,8 +35,8 @@ struct BwdParams {
   float* dq_accum;   // atomic variant only: dQ / scale in fp32 [B, Hq, Nq, d], zeroed before the dK/dV kernel
   void* dk;          // [B, Hkv, Nk, d]
   void* dv;          // [B, Hkv, Nk, d]
-  float* dbias;      // with a bias: dS_pre of every (b, h, i, j), fp32 [B, Hq, Nq, Nk], zeroed before the kernels
-                     // (the dBias output itself unless the bias is broadcast); nullptr otherwise
+  float* dbias;      // with a bias (fp32): dBias itself, or, for a broadcast bias in the deterministic variant,
+                     // dS_pre of every (b, h) [B, Hq, Nq, Nk] to sum (DBiasRows); nullptr otherwise
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -83,6 +84,42 @@ template <class Mods>
 __device__ __forceinline__ float mods_grad(const Mods& mods, float s) {
   if constexpr ((Mods::kValues & kModSoftcap) == 0) return 1.0f;
   else return mods.grad(s);
+}
+
+// Where a kernel compiled with the bias puts dS_pre = dBias (docs/conventions.md) of one (b, h): rows [Nq, Nk],
+// element (i, j) stored, or added with a float atomic (`add`) where other (b, h) add into the same element;
+// past Nq or Nk, or without a base (no bias), nothing. dbias_rows() picks:
+//   the dK/dV kernel (deterministic) stores into [B, Hq, Nq, Nk]: dBias itself, or for a broadcast bias a
+//     workspace that preprocess.cuh's finish_dbias_kernel sums afterwards in a fixed order;
+//   the atomic kernel (kBiasShaped) writes dBias itself, with the bias's strides (0 where it broadcasts):
+//     it stores into a full bias, and adds into a broadcast one, zeroed before the kernel (a sum in
+//     whatever order the blocks come: not the same bits every run, as its dQ).
+// Either way the tiles a mask hides are never visited: their elements are zeroed by finish_dbias_kernel
+// (or, where the atomic kernel adds, by the memset before it).
+// A kernel moves the rows to its thread's first element once (at()), then puts each element at offsets
+// known at compile time: a few registers, where a pointer per element would spill.
+struct DBiasRows {
+  float* base = nullptr;   // element (0, 0), or after at(i0, j0) element (i0, j0)
+  int64_t pitch = 0;       // Nk
+  int rows = 0, cols = 0;  // the rows and columns from there on (Nq - i0, Nk - j0)
+  bool add = false;
+  __device__ __forceinline__ DBiasRows at(int i0, int j0) const {
+    return {base ? base + i0 * pitch + j0 : nullptr, pitch, rows - i0, cols - j0, add};
+  }
+  __device__ __forceinline__ void put(int di, int dj, float v) const {  // element (i0 + di, j0 + dj)
+    if (!base || di >= rows || dj >= cols) return;
+    float* to = base + di * pitch + dj;
+    if (add) atomicAdd(to, v);
+    else *to = v;
+  }
+};
+template <bool kBiasShaped, class Mods>  // Mods: a step4::ScoreMods; only one with the bias compiled in writes
+__device__ __forceinline__ DBiasRows dbias_rows(const BwdParams& bp, const Mods& mods, int b, int h) {
+  const AttnParams& p = bp.a;
+  if ((Mods::kValues & kModBias) == 0 || !bp.dbias) return {};
+  if (!kBiasShaped) return {bp.dbias + (int64_t(b) * p.Hq + h) * p.Nq * p.Nk, p.Nk, p.Nq, p.Nk, false};
+  const bool add = (mods.bias_stride_b == 0 && p.B > 1) || (mods.bias_stride_h == 0 && p.Hq > 1);
+  return {bp.dbias + b * mods.bias_stride_b + h * mods.bias_stride_h, p.Nk, p.Nq, p.Nk, add};
 }
 
 // The same three patterns as operands of a warp: a tile's base and the warp's first row (A, B) or head-dim

@@ -17,7 +17,8 @@
 // kernel is bound by shared-memory bandwidth; atomic.cuh lays its warps out otherwise).
 // Compiled with score modifiers (kMods != 0, step 4's score_mod.cuh): S^T passes through the modifier and
 // mask (S', raw units), dS^T is multiplied by the softcap's derivative (dS_pre), which is also dBias (stored
-// when there is a bias); query tiles a sliding window hides are skipped. kMods = 0: none of this code.
+// when there is a bias, device.cuh's DBiasRows); query tiles a sliding window hides are skipped. kMods = 0:
+// none of this code.
 // Limits: d = 64 or 128, bf16/fp16; K and V are re-read from shared memory at every step (their A
 // fragments would cost 32 to 64 more registers); dK/dV stored straight from registers.
 #pragma once
@@ -147,8 +148,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // P^T from the modified score S', dS^T times the softcap's derivative (dS_pre), stored as dBias.
     auto elementwise_mods = [&] {
       const ModColumns cols(mods, w.b, h, q0);                         // each query's ModRow (device.cuh)
-      constexpr bool kBias = (decltype(mods)::kValues & kModBias) != 0;   // only a kernel with the bias writes dBias
-      float* dbias = kBias && bp.dbias ? bp.dbias + row_off * p.Nk : nullptr;  // [Nq, Nk] of head h
+      const DBiasRows dbias = dbias_rows</*kBiasShaped=*/false>(bp, mods, w.b, h).at(q0 + 2 * t, key_g);  // device.cuh
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
           s[nt][e] = pr * z;
           dp[nt][e] = pr * (dp[nt][e] * z - d_i[nt][e % 2]) * mods_grad(mods, sm);
-          if (dbias && i < p.Nq && j < p.Nk) dbias[int64_t(i) * p.Nk + j] = dp[nt][e];
+          dbias.put(8 * nt + e % 2, 8 * (e / 2), dp[nt][e]);  // (i, j), with the bias
         }
     };
     if constexpr (kMods != 0) {

@@ -10,8 +10,12 @@
 // land in whatever order the blocks reach them. The forward is step 4's (make_forward), run in training
 // mode: it writes O and the LSE the backward reads. Configurations and their names: configs.h.
 // Score modifiers (core/score_mod.h) run in the deterministic configurations and the atomic variant's
-// defaults, kernels compiled with kMods; with a bias, the dK/dV (or atomic) kernel writes dS_pre, which is
-// dBias, into a zeroed fp32 [B, Hq, Nq, Nk] buffer, summed afterwards over the bias's broadcast dimensions.
+// defaults, kernels compiled with kMods (one kernel per kind: step 4's mods_kind). With a bias, the dK/dV
+// (or atomic) kernel writes dS_pre, which is dBias (device.cuh, DBiasRows): straight into dBias for a full
+// bias; for a broadcast one, the deterministic variant stores every (b, h) into a fp32 [B, Hq, Nq, Nk]
+// workspace summed afterwards in a fixed order, the atomic variant adds into dBias with atomics. A small
+// kernel then sums (and zeroes what the mask hides: preprocess.cuh, finish_dbias_kernel); nothing of Nq x Nk
+// size is cleared with a memset but the atomic variant's dBias.
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
@@ -89,19 +93,26 @@ class BackwardRunner final : public GpuRunner {
     dk_ = DeviceBuffer(in.k.size() * bytes);
     dv_ = DeviceBuffer(in.v.size() * bytes);
     for (DeviceBuffer* b : {&dsum_, &dq_, &dk_, &dv_}) b->poison();
-    if (p.bias) {  // dBias, with the bias's shape; a broadcast bias also needs dS_pre of every (b, h) to sum
-      bias_shape_ = in.bias.shape;
-      dbias_ = DeviceBuffer(in.bias.size() * sizeof(float));
-      dbias_.poison();
-      if (bias_shape_[0] != p.B || bias_shape_[1] != p.Hq) ds_pre_ = DeviceBuffer(size_t(p.B * p.Hq * p.Nq * p.Nk) * sizeof(float));
-    }
     const std::string config = config_of(p, variant, compute_capability_major());
+    bool atomic = false;
     with_problem_config<Configs>(p, config, "step 5", [&](auto cfg) {
       if constexpr (decltype(cfg)::type::kAtomic) {
+        atomic = true;
         dq_accum_ = DeviceBuffer(in.q.size() * sizeof(float));
         dq_accum_.poison();  // the memset inside the timed backward must clear it
       }
     });
+    if (p.bias) {  // dBias, with the bias's shape; the deterministic variant sums a broadcast one from dS_pre
+      bias_shape_ = in.bias.shape;
+      dbias_ = DeviceBuffer(in.bias.size() * sizeof(float));
+      dbias_.poison();
+      const bool broadcast = bias_shape_[0] != p.B || bias_shape_[1] != p.Hq;
+      dbias_adds_ = broadcast && atomic;  // the atomic kernel adds into dBias, zeroed first
+      if (broadcast && !atomic) {         // poisoned: the finish reads only what the kernel wrote
+        ds_pre_ = DeviceBuffer(size_t(p.B * p.Hq * p.Nq * p.Nk) * sizeof(float));
+        ds_pre_.poison();
+      }
+    }
     float* ds_pre = ds_pre_.get() ? ds_pre_.as<float>() : dbias_.as<float>();  // nullptr without a bias
     backward_ = prepare_config(p, config, BwdParams{params_, do_.get(), dsum_.as<float>(), dq_.get(),
                                                     dq_accum_.as<float>(), dk_.get(), dv_.get(), ds_pre});
@@ -109,15 +120,16 @@ class BackwardRunner final : public GpuRunner {
   void run() override { forward_(); }
   void run_backward() override {
     if (!backward_) throw std::logic_error("step5_backward: run_backward() needs dO (a problem with backward set)");
-    float* ds_pre = ds_pre_.get() ? ds_pre_.as<float>() : dbias_.as<float>();
-    // dS_pre of the tiles the kernels skip (masked, outside the window) is 0: the kernels write the others.
-    if (ds_pre) CUDA_CHECK(cudaMemsetAsync(ds_pre, 0, size_t(p_.B * p_.Hq * p_.Nq * p_.Nk) * sizeof(float)));
+    if (dbias_adds_) CUDA_CHECK(cudaMemsetAsync(dbias_.get(), 0, dbias_.bytes()));  // the atomics add into zeros
     backward_();
-    if (ds_pre_.get()) {  // a broadcast bias: dBias = dS_pre summed over the broadcast dimensions
-      const int64_t n = int64_t(dbias_.bytes() / sizeof(float));
-      reduce_dbias_kernel<float><<<unsigned((n + kReduceThreads - 1) / kReduceThreads), kReduceThreads>>>(
-          ds_pre_.as<float>(), dbias_.as<float>(), int(p_.B), int(p_.Hq), int(bias_shape_[0]), int(bias_shape_[1]),
-          p_.Nq * p_.Nk);
+    // dBias: a broadcast bias's sum of dS_pre, or a full one's zeros where the mask hides a score (the
+    // kernels skip those tiles); nothing to do without a mask.
+    const bool masked = p_.causal || p_.window_left >= 0 || p_.window_right >= 0;
+    if (p_.bias && !dbias_adds_ && (ds_pre_.get() || masked)) {
+      const int64_t rows = bias_shape_[0] * bias_shape_[1] * p_.Nq;
+      finish_dbias_kernel<float><<<unsigned(rows), kDBiasThreads>>>(
+          ds_pre_.get() ? ds_pre_.as<float>() : dbias_.as<float>(), dbias_.as<float>(), score_mod_of(p_), int(p_.B),
+          int(p_.Hq), int(bias_shape_[0]), int(bias_shape_[1]), int(p_.Nq), int(p_.Nk));
       CUDA_CHECK_LAUNCH();
     }
   }
@@ -135,8 +147,9 @@ class BackwardRunner final : public GpuRunner {
  private:
   std::function<void()> forward_, backward_;
   DeviceBuffer do_, dsum_, dq_, dq_accum_, dk_, dv_;
-  DeviceBuffer dbias_, ds_pre_;        // with a bias: dBias; dS_pre [B, Hq, Nq, Nk] where the bias is broadcast
+  DeviceBuffer dbias_, ds_pre_;      // with a bias: dBias; dS_pre [B, Hq, Nq, Nk] to sum (deterministic, broadcast)
   std::vector<int64_t> bias_shape_;  // [B or 1, Hq or 1, Nq, Nk]
+  bool dbias_adds_ = false;          // the atomic kernel adds a broadcast bias's dS_pre into dBias
 };
 
 }  // namespace

@@ -50,15 +50,6 @@ struct SideStream {
   SideStream& operator=(const SideStream&) = delete;
 };
 
-// The score-modifier kernels step 5 compiles (a kernel's kMods, step 4's score_mod.cuh): the mask alone (a
-// sliding window: only the tiles it cuts pay), or every value modifier, each tested at run time. (Step 4
-// also compiles one kernel per lone value modifier; the backward, three kernels per configuration, keeps
-// its compile time down.) 0: a problem without score modifiers, the plain kernels.
-inline int backward_mods_kind(const Problem& p) {
-  const int kind = step4::mods_kind(p);
-  return kind == 0 || kind == kModMask ? kind : step4::kModAll;
-}
-
 // Set-up, outside any timed region: tensor maps (one per operand and box height), shared-memory opt-ins,
 // and the closure that launches the kernels: those compiled with score modifiers when p has any (only
 // configurations with kHasMods have them: launch.cu refuses the others).
@@ -71,17 +62,16 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
   if (p.has_score_mods() && !Cfg::kHasMods)
     throw std::invalid_argument("step 5's configuration " + Cfg::name() + " is compiled without score modifiers");
   const bool drop = a.dropout.threshold != 0;
-  // The instance kernel_of(dropout, kMods) of a kernel for p: with modifiers only where the configuration has them.
+  // The instance kernel_of(dropout, kMods) of a kernel for p: the plain one, or, in a configuration with
+  // score modifiers, the one step 4's mods_kind(p) picks (score_mod.cuh: the mask alone, the mask with one
+  // value modifier known at compile time, or with any of them).
   auto pick = [&](auto kernel_of) {
-    using Plain = std::integral_constant<int, 0>;
-    using Mask = std::integral_constant<int, kModMask>;
-    using All = std::integral_constant<int, step4::kModAll>;
-    auto kernel = drop ? kernel_of(std::true_type{}, Plain{}) : kernel_of(std::false_type{}, Plain{});
-    if constexpr (Cfg::kHasMods) {
-      const int kind = backward_mods_kind(p);
-      if (kind == kModMask) kernel = drop ? kernel_of(std::true_type{}, Mask{}) : kernel_of(std::false_type{}, Mask{});
-      if (kind == step4::kModAll) kernel = drop ? kernel_of(std::true_type{}, All{}) : kernel_of(std::false_type{}, All{});
-    }
+    auto kernel = drop ? kernel_of(std::true_type{}, std::integral_constant<int, 0>{})
+                       : kernel_of(std::false_type{}, std::integral_constant<int, 0>{});
+    if constexpr (Cfg::kHasMods)
+      step4::dispatch_mods(step4::mods_kind(p), [&](auto mods) {
+        kernel = drop ? kernel_of(std::true_type{}, mods) : kernel_of(std::false_type{}, mods);
+      });
     return kernel;
   };
   const int64_t BHq = p.B * p.Hq, BHkv = p.B * p.Hkv;

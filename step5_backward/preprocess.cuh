@@ -1,6 +1,7 @@
 // FlashAttention, step by step — step 5: the small kernels around the main ones
 // (step5_backward/preprocess.cuh): D = rowsum(dO * O) before them, and after them the atomic variant's dQ
-// conversion and, for a broadcast bias, the sum of dS_pre over the dimensions it broadcasts (dBias).
+// conversion and, with a bias, dBias's finish: dS_pre summed over the dimensions a broadcast bias spans,
+// zeros where the mask hides a score.
 //
 // FlashAttention-2, Algorithm 2: D_i = rowsum(dO_i o O_i), one fp32 number per query row. It
 // stands for rowsum(P_i o dP_i) (README.md derives why), the term every dS = P o (dP - D) needs; computing
@@ -9,6 +10,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/score_mod.h"
 #include "gpu/gpu_types.h"
 #include "gpu/ptx.h"
 
@@ -43,23 +45,40 @@ __global__ void __launch_bounds__(kConvertThreads)
   reinterpret_cast<uint32_t*>(dq)[pair] = ptx::pack2<T>(v.x * scale, v.y * scale);
 }
 
-constexpr int kReduceThreads = 256;
+constexpr int kDBiasThreads = 256;
 
-// With a bias of shape [Bb, Hb, Nq, Nk] broadcast over the batches (Bb = 1 < B) or the heads (Hb = 1 < Hq):
-// dBias = dS_pre [B, Hq, Nq, Nk] (fp32, written by the dK/dV or atomic kernel) summed over those
-// dimensions, in a fixed order (the same bits every run). One thread per dBias element; a template only so
-// that the header can be included by several translation units.
+// With a bias, after the kernels: dBias out of the dS_pre they stored ([B, Hq, Nq, Nk] fp32, ds; device.cuh,
+// DBiasRows). They store every element of the query tiles they visit, and those hold every visible (i, j)
+// (core/score_mod.h); the tiles a mask (causal, window) hides from a block's keys they never touch, so no
+// memset clears ds beforehand: an element outside its row's visible keys [lo, hi] is 0 without being read.
+//   ds != dbias (a bias broadcast over the batches, Bb = 1 < B, or the heads, Hb = 1 < Hq): dBias = ds
+//     summed over those dimensions, in a fixed order (the same bits every run).
+//   ds == dbias (a full bias [B, Hq, Nq, Nk], written in place): the elements outside [lo, hi] set to 0,
+//     the others left as they are; needed only where a mask hides some.
+// (The atomic kernel adds a broadcast bias's dS_pre into dBias itself, zeroed before: no finish.)
+// One block per row: grid = Bb * Hb * Nq, row = (bb * Hb + hb) * Nq + i. A template only so that the
+// header can be included by several translation units.
 template <typename F>
-__global__ void __launch_bounds__(kReduceThreads)
-    reduce_dbias_kernel(const F* __restrict__ ds, F* __restrict__ dbias, int B, int Hq, int Bb, int Hb, int64_t NqNk) {
-  const int64_t e = int64_t(blockIdx.x) * kReduceThreads + threadIdx.x;
-  if (e >= Bb * Hb * NqNk) return;
-  const int64_t ij = e % NqNk, bh = e / NqNk;
-  const int hb = int(bh % Hb), bb = int(bh / Hb);
-  F acc = 0;
-  for (int b = Bb == 1 ? 0 : bb; b < (Bb == 1 ? B : bb + 1); ++b)
-    for (int h = Hb == 1 ? 0 : hb; h < (Hb == 1 ? Hq : hb + 1); ++h) acc += ds[(int64_t(b) * Hq + h) * NqNk + ij];
-  dbias[e] = acc;
+__global__ void __launch_bounds__(kDBiasThreads)
+    finish_dbias_kernel(const F* ds, F* dbias, ScoreMod mask, int B, int Hq, int Bb, int Hb, int Nq, int Nk) {
+  const int64_t row = blockIdx.x;
+  const int i = int(row % Nq), bh = int(row / Nq), hb = bh % Hb, bb = bh / Hb;
+  int64_t lo, hi;
+  visible_range(mask, Nk, i, &lo, &hi);
+  F* out = dbias + row * Nk;
+  for (int j = threadIdx.x; j < Nk; j += kDBiasThreads) {
+    const bool vis = j >= lo && j <= hi;
+    if (ds == dbias) {
+      if (!vis) out[j] = 0;
+      continue;
+    }
+    F acc = 0;
+    if (vis)
+      for (int b = Bb == 1 ? 0 : bb; b < (Bb == 1 ? B : bb + 1); ++b)
+        for (int h = Hb == 1 ? 0 : hb; h < (Hb == 1 ? Hq : hb + 1); ++h)
+          acc += ds[((int64_t(b) * Hq + h) * Nq + i) * Nk + j];
+    out[j] = acc;
+  }
 }
 
 }  // namespace fa::step5

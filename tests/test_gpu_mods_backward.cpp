@@ -3,11 +3,13 @@
 // Every GPU stage that owns backward kernels and takes score modifiers (step 5: deterministic, atomic,
 // atomic-sm120), on named cases: each modifier alone (a bias of every broadcast shape, ALiBi with the
 // standard and with given slopes, GQA, a softcap, sliding windows with and without the causal mask, with
-// Nq != Nk and an explicit input_pos), and combinations (softcap + dropout, bias + causal + window, all of
-// them), each at d = 64 and d = 128, bf16 and fp16, lengths that are no multiple of the tiles. A run checks
-// O, LSE, dQ, dK, dV and, with a bias, dBias under the tolerance rule (core/metrics.h), every element
-// written. A second test runs the backward twice and wants the same dBias bits (and dQ, dK, dV outside
-// the atomic variants). Without a CUDA device every case is skipped with the reason.
+// Nq != Nk and an explicit input_pos), and combinations (softcap + dropout, bias + causal + window with a
+// broadcast and with a full bias, all of them), each at d = 64 and d = 128, bf16 and fp16, lengths that
+// are no multiple of the tiles. A run checks O, LSE, dQ, dK, dV and, with a bias, dBias under the
+// tolerance rule (core/metrics.h), every element written. A second test runs the backward twice and wants
+// the same bits: dQ, dK, dV and a broadcast bias's dBias from the deterministic variant, a full bias's
+// dBias from the atomic ones (they add a broadcast bias's dBias with atomics, as their dQ). Without a CUDA
+// device every case is skipped with the reason.
 #include <cstring>
 #include <random>
 
@@ -51,6 +53,7 @@ std::vector<ModCase> cases() {
       {"softcap_dropout",     {B, 4, 2,  200, 200, 64, true,  N, bf, 0.15f},       0, 0, false, false, 2.0f, -1, -1},
       {"bias_causal_window",  {B, 4, 2,  250, 250, 64, true,  N, bf, 0.0f},        B, 1, false, false, 0.0f, 64, -1},
       {"all",                 {B, 4, 2,  180, 210, 64, true,  N, bf, 0.1f},        1, 4, true,  false, 5.0f, 50, -1},
+      {"bias_full_window",    {B, 4, 2,  230, 260, 64, true,  N, bf, 0.0f},        B, 4, false, false, 0.0f, 40, -1},
   };
   // clang-format on
   std::vector<ModCase> out;
@@ -144,14 +147,17 @@ INSTANTIATE_TEST_SUITE_P(Grid, GpuModsBackward, ::testing::ValuesIn(entries()),
                            return param_name(std::get<0>(info.param) + "_" + std::get<1>(info.param).name);
                          });
 
-// Two backward runs on the same forward give the same dBias bits (each element has one writer, and a
-// broadcast bias is summed in a fixed order), and, outside the atomic variants, the same dQ, dK and dV.
+// Two backward runs on the same forward give the same bits: outside the atomic variants dQ, dK, dV and the
+// dBias of a bias broadcast over the batch (each element has one writer, and the broadcast is summed in a
+// fixed order); in the atomic ones, which add dQ, and a broadcast bias's dBias, with atomics in whatever
+// order the blocks come, only the dBias of a full bias (one writer per element).
 class GpuModsBackwardDeterminism : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuModsBackwardDeterminism, TwoRunsSameBits) {
   const bool atomic = GetParam().find(":atomic") != std::string::npos;
+  const int64_t bias_b = atomic ? 2 : 1;  // the atomic variants: a full bias [B, Hq, Nq, Nk]
   for (int64_t d : {64, 128}) {
-    ModCase c{"determinism", {2, 8, 2, 300, 257, d, true, kDefaultPos, DType::bf16, 0.1f}, 1, 8, true, false, 10.0f, 70, -1};
+    ModCase c{"determinism", {2, 8, 2, 300, 257, d, true, kDefaultPos, DType::bf16, 0.1f}, bias_b, 8, true, false, 10.0f, 70, -1};
     Inputs in;
     const Problem p = to_problem(c, in);
     const Stage* s = nullptr;
