@@ -96,7 +96,7 @@ def window_point(exe, s, plain, variant, left):
     pc, pw = tile_pairs(n, brc, bcc, -1), tile_pairs(n, brw, bcw, left)
     # Tiles of different sizes compare by the area of scores they cover (rows x keys).
     pred = plain["fwd_ms"] * (pw * brw * bcw) / (pc * brc * bcc)
-    r = {"shape": s, "variant": variant or "auto", "window_left": left, "causal_ms": plain["fwd_ms"],
+    r = {"shape": s, "variant": variant or "auto", "git": win.get("git"), "window_left": left, "causal_ms": plain["fwd_ms"],
          "causal_config": plain["config"], "window_ms": win["fwd_ms"], "window_config": win["config"],
          "causal_tile_pairs": pc, "window_tile_pairs": pw, "predicted_ms": pred,
          "ratio_to_predicted": win["fwd_ms"] / pred, "window_tflops": win["fwd_tflops"],
@@ -128,7 +128,7 @@ def main():
     wseqs = [4096] if a.quick else a.window_seqs
     n = a.cost_seq
     out = {"what": "score modifiers: window tile skipping, modifier costs, bias vs SDPA attn_mask",
-           "date": datetime.date.today().isoformat(), "git": sweep.sh(["git", "rev-parse", "--short", "HEAD"]),
+           "date": datetime.date.today().isoformat(), "git": None,  # the stage runs' own revision, below
            "window": [], "costs": [], "bias_vs_sdpa": []}
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -208,6 +208,7 @@ def main():
             out["torch"] = torch.__version__
 
     dev = next((r["device"] for r in out["costs"] if r.get("device")), "gpu")
+    out["git"] = next((r["git"] for r in out["window"] if r.get("git")), None)  # what the build says it is
     path = a.out or os.path.join(sweep.ROOT, "docs", "results",
                                  f"mods-{sweep.slug(dev)}-{out['date']}.json")
     with open(path + ".tmp", "w") as f:
