@@ -50,4 +50,20 @@ void with_problem_config(const Problem& p, const std::string& name, const std::s
   });
 }
 
+// Is every configuration that `variant` resolves to, on the GPUs the course targets (sm_90 and sm_120:
+// config_of(p, variant, cc_major)), compiled with score modifiers (its traits' kHasMods)? A name the list
+// does not know counts as yes: the stage's make() reports it. What a stage's `unsupported` asks before
+// accepting --bias, --alibi, --window or --softcap.
+template <template <typename, int> class Configs, class ConfigOf>
+bool resolves_to_mods(const Problem& p, const std::string& variant, const ConfigOf& config_of, const std::string& stage) {
+  bool has_mods = true;
+  for (const int cc : {9, 12})
+    try {
+      with_problem_config<Configs>(p, config_of(p, variant, cc), stage,
+                                   [&](auto cfg) { has_mods = has_mods && decltype(cfg)::type::kHasMods; });
+    } catch (const std::invalid_argument&) {
+    }
+  return has_mods;
+}
+
 }  // namespace fa

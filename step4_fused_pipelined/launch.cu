@@ -111,18 +111,9 @@ Stage stage() {
     if (p.splits > 0 && config_of(p, v, /*cc_major=*/9).rfind("4e-", 0) != 0)
       return std::string("--splits needs the split-KV kernel: --variant auto, 4e-split-kv or a 4e- configuration");
     if (std::string why = unsupported(p); !why.empty()) return why;
-    if (p.has_score_mods()) {
-      bool has_mods = true;
-      for (const int cc : {9, 12})  // whichever the GPU, the configuration v resolves to (unknown names: make says)
-        try {
-          with_problem_config<Configs>(p, config_of(p, v, cc), "step 4",
-                                       [&](auto cfg) { has_mods = has_mods && decltype(cfg)::type::kHasMods; });
-        } catch (const std::invalid_argument&) {
-        }
-      if (!has_mods)
-        return std::string("score modifiers run in 4d's and 4e's configurations (TMA, swizzled tiles); the "
-                           "chapter's sub-steps 4a-4c and the ablations are compiled without them");
-    }
+    if (p.has_score_mods() && !resolves_to_mods<Configs>(p, v, config_of, "step 4"))
+      return std::string("score modifiers run in 4d's and 4e's configurations (TMA, swizzled tiles); the "
+                         "chapter's sub-steps 4a-4c and the ablations are compiled without them");
     return std::string();
   };
   s.make = [](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {

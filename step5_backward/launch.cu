@@ -186,14 +186,7 @@ Stage stage() {
   s.unsupported = [](const Problem& p, const std::string& v) {
     if (std::string why = step4::unsupported(p); !why.empty()) return why;  // its kernels' limits are step 4's
     if (!p.has_score_mods()) return std::string();
-    bool has_mods = true;
-    for (const int cc : {9, 12})  // whichever the GPU, the configuration v resolves to (unknown names: make says)
-      try {
-        with_problem_config<Configs>(p, config_of(p, v, cc), "step 5",
-                                     [&](auto cfg) { has_mods = has_mods && decltype(cfg)::type::kHasMods; });
-      } catch (const std::invalid_argument&) {
-      }
-    if (!has_mods)
+    if (!resolves_to_mods<Configs>(p, v, config_of, "step 5"))
       return std::string("score modifiers run in the deterministic configurations and the atomic variant's "
                          "defaults (atomic, atomic-sm120); the other atomic configurations are ablations compiled without them");
     // The training forward is step 4's, in the configuration after "/fwd=": it must take them too.

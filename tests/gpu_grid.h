@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -140,6 +141,24 @@ inline void expect_pass(const CheckReport& r) {
 inline std::string param_name(std::string n) {  // gtest names: letters, digits and '_' only
   std::replace_if(n.begin(), n.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
   return n;
+}
+
+// Runs `runner`'s forward, then its backward twice, and expects outputs first .. last - 1 of (dQ, dK, dV,
+// dBias) to hold the same bits both times (each of them written: not empty).
+inline void expect_backward_repeats(Runner& runner, int first, int last, int64_t d) {
+  runner.run();
+  runner.run_backward();
+  const Outputs a = runner.outputs();
+  runner.run_backward();
+  const Outputs b = runner.outputs();
+  const Tensor* ta[] = {&a.dq, &a.dk, &a.dv, &a.dbias};
+  const Tensor* tb[] = {&b.dq, &b.dk, &b.dv, &b.dbias};
+  for (int k = first; k < last; ++k) {
+    ASSERT_EQ(ta[k]->size(), tb[k]->size());
+    ASSERT_GT(ta[k]->size(), 0u);
+    EXPECT_EQ(std::memcmp(ta[k]->ptr(), tb[k]->ptr(), ta[k]->size() * sizeof(float)), 0)
+        << CheckReport::name(k + 2) << " differs between two runs (d = " << d << ")";
+  }
 }
 
 }  // namespace fa::grid

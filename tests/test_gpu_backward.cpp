@@ -80,18 +80,7 @@ TEST_P(GpuBackwardDeterminism, TwoRunsSameBits) {
     if (const std::string why = resolve(GetParam(), p, s, variant); !why.empty()) GTEST_SKIP() << why;
     const Inputs in = random_inputs(p);
     auto runner = s->make(p, in, variant);
-    runner->run();
-    runner->run_backward();
-    const Outputs a = runner->outputs();
-    runner->run_backward();
-    const Outputs b = runner->outputs();
-    const Tensor* ta[] = {&a.dq, &a.dk, &a.dv};
-    const Tensor* tb[] = {&b.dq, &b.dk, &b.dv};
-    for (int k = 0; k < 3; ++k) {
-      ASSERT_EQ(ta[k]->size(), tb[k]->size());
-      EXPECT_EQ(std::memcmp(ta[k]->ptr(), tb[k]->ptr(), ta[k]->size() * sizeof(float)), 0)
-          << CheckReport::name(k + 2) << " differs between two runs (d = " << d << ")";
-    }
+    expect_backward_repeats(*runner, 0, 3, d);  // dQ, dK, dV
   }
 }
 
