@@ -1,7 +1,8 @@
 // FlashAttention, step by step — gpu/ptx.h
 // Thin wrappers over the PTX instructions the tensor-core stages use, each citing the PTX ISA section it
 // follows and saying in scalar terms what it does. Only instructions that sm_90 (H100) and sm_120
-// (RTX 50-series) both have: mma.sync, ldmatrix, cp.async, cp.async.bulk.tensor (TMA) and mbarrier. No wgmma.
+// (RTX 50-series) both have: mma.sync, ldmatrix, cp.async, cp.async.bulk.tensor (TMA), mbarrier and
+// griddepcontrol. No wgmma.
 #pragma once
 #include <cuda/ptx>
 #include <cuda_bf16.h>
@@ -151,5 +152,14 @@ __device__ __forceinline__ void tma_store_commit_and_wait() {
 // PTX ISA, "membar / fence" (fence.proxy.async.shared::cta): orders this thread's ordinary
 // shared-memory writes before later reads of the same memory by the async proxy (a TMA store).
 __device__ __forceinline__ void fence_async_shared() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
+
+// ---- programmatic dependent launch --------------------------------------------------------------
+// PTX ISA, "Parallel synchronization and communication instructions: griddepcontrol" (sm_90 and later).
+// A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start while the kernel
+// before it on the stream still runs: its blocks are scheduled once every block of the earlier grid has
+// executed launch_dependents (or exited), and its wait_for_prerequisites blocks until the earlier grid has
+// completed and its memory writes are visible. Without the attribute both are no-ops.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_for_prerequisites() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 }  // namespace fa::ptx

@@ -43,8 +43,9 @@ struct CommonOptions {
   std::string bench_against;   // with --bench: also time this variant, alternating with the main one
   std::map<std::string, std::string> record_extra;  // more fields for the JSON record (set by a main())
   // What --tuned asks: the configuration to run for a stage and problem. Set by a program that links step
-  // 6's autotuner (the tour, through the registry); empty in a stage's own executable.
-  std::function<std::string(const Stage&, const Problem&)> tuner;
+  // 6's autotuner (the tour, through the registry); empty in a stage's own executable. It may set the
+  // problem's split count (a decode's tuned --splits).
+  std::function<std::string(const Stage&, Problem&)> tuner;
 };
 
 // Adds the flags every stage accepts (--batch ... --json) to `app`.

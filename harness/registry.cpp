@@ -59,10 +59,12 @@ CheckReport check_against_reference(const Problem& p, const Inputs& in, const Ou
   return check_against(reference_oracle(), p, in, got);
 }
 
-std::string tuned_variant(const Stage& s, const Problem& p) {
+std::string tuned_variant(const Stage& s, Problem& p) {
 #ifdef FA_WITH_CUDA
   const step6::Choice c = step6::Autotuner().choose(s, p);
-  std::printf("--tuned: %s config %s\n", c.source.c_str(), c.variant.c_str());
+  p = step6::with_splits(p, c);
+  std::printf("--tuned: %s config %s%s\n", c.source.c_str(), c.variant.c_str(),
+              c.splits ? (" splits " + std::to_string(c.splits)).c_str() : "");
   return c.variant;
 #else
   (void)s, (void)p;

@@ -24,7 +24,7 @@ const Oracle& reference_oracle();
 CheckReport check_against_reference(const Problem& p, const Inputs& in, const Outputs& got);
 
 // The hook behind --tuned: step 6's choice of configuration for stage s on problem p (tuned once, then
-// cached), or an exception in a build without the GPU stages.
-std::string tuned_variant(const Stage& s, const Problem& p);
+// cached), or an exception in a build without the GPU stages. Sets p.splits to a decode's tuned split count.
+std::string tuned_variant(const Stage& s, Problem& p);
 
 }  // namespace fa

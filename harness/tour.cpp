@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
     for (const fa::Stage& s : fa::stages()) {
       std::vector<std::string> variants = s.variants.empty() ? std::vector<std::string>{""} : s.variants;
       const bool tune = o.tuned && !s.tuning_variants.empty() && fa::gpu_unavailable_reason().empty();
-      if (tune) variants = {o.tuner(s, p)};
+      fa::Problem ps = p;  // the stage's problem: the tuner may set its split count
+      if (tune) variants = {o.tuner(s, ps)};
       for (const std::string& v : variants) {
         std::printf("%-34s %-32s ", s.name.c_str(), v.c_str());
         std::fflush(stdout);
@@ -72,18 +73,18 @@ int main(int argc, char** argv) {
             break;
           }
         }
-        if (const std::string why = s.unsupported(p, v); !why.empty()) {
+        if (const std::string why = s.unsupported(ps, v); !why.empty()) {
           std::printf("skipped: %s\n", why.c_str());
           continue;
         }
         try {  // one stage's error (out of memory, say) is its row's, and the tour goes on
-          fa::require_memory_for(s, fa::reference_oracle(), p, v, true);
-          auto runner = s.make(p, in, v);
+          fa::require_memory_for(s, fa::reference_oracle(), ps, v, true);
+          auto runner = s.make(ps, in, v);
           runner->run();
-          if (p.backward && s.has_backward) runner->run_backward();
-          const fa::CheckReport r = fa::check_against_reference(p, in, runner->outputs());
+          if (ps.backward && s.has_backward) runner->run_backward();
+          const fa::CheckReport r = fa::check_against_reference(ps, in, runner->outputs());
           const fa::Timing t = fa::time_runner(*runner, s, false);
-          const double rate = p.flops_forward() / (t.fwd_ms * 1e-3);
+          const double rate = ps.flops_forward() / (t.fwd_ms * 1e-3);
           char tp[32];
           std::snprintf(tp, sizeof tp, s.gpu() ? "%.1f TFLOP/s" : "%.1f GFLOP/s", s.gpu() ? rate * 1e-12 : rate * 1e-9);
           std::printf("%11.2e %8s %11.3f %12s\n", r.stage[0].max_abs, r.pass ? "pass" : "FAIL", t.fwd_ms, tp);

@@ -2,10 +2,18 @@
 //
 // What it adds: the second kernel of split-KV. Split s of a row left (LSE_s, O_s), which is the online-softmax
 // state (m, l, acc) = (LSE_s, 1, O_s), or the empty state (-inf, 0, 0) when the split saw no key. The row's
-// result is the merge of all its splits' states: step 2's merge_states / merge_acc (core/online_softmax.h),
-// the very functions the CPU stages use, compiled for the device:
+// result is the merge of all its splits' states, with step 2's merge_states (core/online_softmax.h), the very
+// function the CPU stages use, compiled for the device:
 //   m = max_s LSE_s;  l = sum_s e^(LSE_s - m);  O = sum_s e^(LSE_s - m) O_s / l;  LSE = m + log l.
-// One warp per row; lane k holds columns k * D / 32 .. of O (contiguous, so a warp reads whole rows).
+// One warp per row, in two parts:
+//   1. the scalars: lane k merges the states of splits k, k + 32, ..., then five shuffle rounds merge the
+//      lanes' states pairwise (a tree: the merge is associative and commutative, so any order gives the
+//      same state), and every lane holds the row's (m, l);
+//   2. the vectors: with m and l known, split s contributes e^(LSE_s - m) / l times O_s. The terms do not
+//      depend on one another, so the loads of many splits are in flight at once (a chain of merges, or a
+//      loop with a branch per split, waits for one split's O before the next: 32 splits x a memory round
+//      trip, 15 us on the H100; docs/results/step4.md).
+// Lane k holds columns k * D / 32 .. of O (contiguous, so a warp reads whole rows).
 // Limits: reads every split of every row once (splits x rows x d floats): small next to K and V at decode.
 #pragma once
 #include <cuda_runtime.h>
@@ -14,6 +22,7 @@
 
 #include "core/online_softmax.h"
 #include "gpu/gpu_types.h"
+#include "gpu/ptx.h"
 
 namespace fa::step4 {
 
@@ -26,29 +35,48 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock)
     combine_splits(const float* o_part, const float* lse_part, int splits, int64_t rows, T* o, float* lse) {
   constexpr int kCols = D / 32;  // columns per lane
   static_assert(kCols % 2 == 0, "lanes move pairs of columns");
+  // Launched as a programmatic dependent of the split kernel: nothing may be read before it has finished.
+  ptx::wait_for_prerequisites();
   const int64_t row = int64_t(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
-  const int col0 = (threadIdx.x % 32) * kCols;
+  const int lane = threadIdx.x % 32, col0 = lane * kCols;
+  auto split_state = [&](int s) {  // (LSE_s, 1), or the empty state of a split that saw no key
+    const float lse_s = lse_part[int64_t(s) * rows + row];
+    return SoftmaxState{lse_s, lse_s == -INFINITY ? 0.0f : 1.0f};
+  };
 
-  SoftmaxState state;      // the empty state: (-inf, 0), acc = 0
-  float acc[kCols] = {};
-  for (int s = 0; s < splits; ++s) {
-    const int64_t at = int64_t(s) * rows + row;
-    const float lse_s = lse_part[at];
-    const SoftmaxState part{lse_s, lse_s == -INFINITY ? 0.0f : 1.0f};
-    float o_s[kCols];
+  // 1. The row's state: each lane's splits, then a butterfly of merges across the lanes.
+  SoftmaxState state;  // the empty state: (-inf, 0)
+  for (int s = lane; s < splits; s += 32) merge_states(state, split_state(s));
 #pragma unroll
-    for (int c = 0; c < kCols; c += 2) {
-      const float2 v = *reinterpret_cast<const float2*>(o_part + at * D + col0 + c);
-      o_s[c] = v.x;
-      o_s[c + 1] = v.y;
-    }
-    merge_acc(acc, o_s, kCols, merge_states(state, part));
-  }
+  for (int offset = 16; offset > 0; offset /= 2)
+    merge_states(state, SoftmaxState{__shfl_xor_sync(0xffffffffu, state.m, offset),
+                                     __shfl_xor_sync(0xffffffffu, state.l, offset)});
   const float inv = inv_l(state);
+
+  // 2. O = sum_s e^(LSE_s - m) / l * O_s, 32 splits at a time: lane k computes the weight of split base + k,
+  //    and a shuffle hands each weight to the whole warp. No term waits for another, and the loop body has no
+  //    branch, so the loads of many splits are in flight at once.
+  float acc[kCols] = {};
+  const float m = state.m == -INFINITY ? 0.0f : state.m;  // all splits empty: every weight is e^-inf = 0
+  for (int base = 0; base < splits; base += 32) {
+    const int s_lane = base + lane, n = min(32, splits - base);
+    const float w_lane = s_lane < splits ? expf(lse_part[int64_t(s_lane) * rows + row] - m) * inv : 0.0f;
+#pragma unroll 8
+    for (int j = 0; j < n; ++j) {
+      const float w = __shfl_sync(0xffffffffu, w_lane, j);
+      const float* o_s = o_part + (int64_t(base + j) * rows + row) * D + col0;
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) o[row * D + col0 + c] = from_float<T>(acc[c] * inv);
-  if (lse && threadIdx.x % 32 == 0) lse[row] = row_lse(state);
+      for (int c = 0; c < kCols; c += 2) {
+        const float2 v = *reinterpret_cast<const float2*>(o_s + c);
+        acc[c] += w * v.x;
+        acc[c + 1] += w * v.y;
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) o[row * D + col0 + c] = from_float<T>(acc[c]);
+  if (lse && lane == 0) lse[row] = row_lse(state);
 }
 
 }  // namespace fa::step4

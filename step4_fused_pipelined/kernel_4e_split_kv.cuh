@@ -7,7 +7,8 @@
 //    its partial result, O normalised by its own l and its LSE, to a workspace, and combine.cuh merges the
 //    splits with step 2's merge of online-softmax states (core/online_softmax.h, merge_states): the same
 //    function, on the GPU. A split that sees no key (causal, or past the end) writes the merge's identity,
-//    LSE = -inf and O = 0;
+//    LSE = -inf and O = 0. The combine is launched as a programmatic dependent (prepare.cuh), so its launch
+//    overlaps the splits' work; with one split there is nothing to merge, and the kernel writes O itself;
 //  - grouped query heads packed (kPacked): the g query heads that share a KV head are consecutive in
 //    [B, Hq, Nq, d], so Q and O seen as [B * Hkv, g * Nq, d] put all g * Nq rows of a group in one tile, and
 //    each K/V tile is read once per group instead of once per query head. A row r of such a tile is query
@@ -41,7 +42,8 @@ namespace fa::step4 {
 // What a split needs beside the problem.
 struct SplitParams {
   AttnParams view;      // p itself, or (packed) p seen as [B * Hkv, g * Nq, d]: Hq = Hkv, Nq = g * Nq, group = 1
-  float* o_part;        // [splits, B * Hq * Nq, d]   each split's O, normalised by its own l
+  float* o_part;        // [splits, B * Hq * Nq, d]   each split's O, normalised by its own l; nullptr: one
+                        //   split, which writes O and the LSE itself (no combine)
   float* lse_part;      // [splits, B * Hq * Nq]      each split's LSE; -inf: the split saw no key
   int64_t rows_total;   // B * Hq * Nq
   int tiles_per_split;  // K/V tiles of Bc keys per split
@@ -194,7 +196,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   // ---- epilogue: this split's partial result, O normalised by its own l and the LSE, to the workspace -----
-  // (a split with no key leaves l = 0: O = 0 and LSE = -inf, the identity of the merge in combine.cuh)
+  // (a split with no key leaves l = 0: O = 0 and LSE = -inf, the identity of the merge in combine.cuh).
+  // With one split (no workspace) the partial result is the result: O and the LSE go to their tensors.
+  // The combine kernel may be scheduled now (programmatic dependent launch, prepare.cuh): it waits for this
+  // whole grid to finish before reading a byte, so starting it early only hides its launch.
+  ptx::launch_dependents();
   float inv_l[2], lse[2];
   softmax.finish(inv_l, lse, p.scale_log2);
 #pragma unroll
@@ -202,12 +208,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int row = row_g + 8 * r;
     if (row >= sp.view.Nq) continue;  // a padding row of the last tile
     // Row `row` of view head w.bh is row w.bh * view Nq + row of [B, Hq, Nq]: the packed view is a reshape.
-    const int64_t flat = int64_t(blockIdx.y) * sp.rows_total + int64_t(w.bh) * sp.view.Nq + row;
-    float* o_out = sp.o_part + flat * D;
+    const int64_t flat = int64_t(w.bh) * sp.view.Nq + row;
+    if (sp.o_part == nullptr) {
+      T* o_out = static_cast<T*>(p.o) + flat * D;
+#pragma unroll
+      for (int nd = 0; nd < kOTiles; ++nd)
+        *reinterpret_cast<uint32_t*>(o_out + nd * 8 + 2 * t) = ptx::pack2<T>(o[nd][2 * r] * inv_l[r], o[nd][2 * r + 1] * inv_l[r]);
+      if (p.lse && t == 0) p.lse[flat] = lse[r];
+      continue;
+    }
+    const int64_t at = int64_t(blockIdx.y) * sp.rows_total + flat;  // split blockIdx.y's copy of the row
+    float* o_out = sp.o_part + at * D;
 #pragma unroll
     for (int nd = 0; nd < kOTiles; ++nd)
       *reinterpret_cast<float2*>(o_out + nd * 8 + 2 * t) = make_float2(o[nd][2 * r] * inv_l[r], o[nd][2 * r + 1] * inv_l[r]);
-    if (t == 0) sp.lse_part[flat] = lse[r];
+    if (t == 0) sp.lse_part[at] = lse[r];
   }
 }
 

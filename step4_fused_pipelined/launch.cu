@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "gpu/gpu_types.h"
 #include "gpu/platform.h"
@@ -98,6 +99,16 @@ Stage stage() {
     return "";
   };
   s.config_of = config_of;
+  // Step 6 times a decode in each 4e configuration with every split count of configs.h too, beside
+  // choose_splits' own choice.
+  s.tuning_splits = [](const Problem& p, const std::string& config) {
+    std::vector<int64_t> counts;
+    if (p.splits > 0 || !decodes(p) || config.rfind("4e-", 0) != 0) return counts;
+    int64_t Bc = 0;
+    with_problem_config<Configs>(p, config, "step 4", [&](auto cfg) { Bc = decltype(cfg)::type::Bc; });
+    for (int n : split_counts((p.Nk + Bc - 1) / Bc)) counts.push_back(n);
+    return counts;
+  };
   s.launch_shape = [](const Problem& p, const std::string& v) {
     Stage::LaunchShape shape;
     with_problem_config<Configs>(p, v, "step 4", [&](auto cfg) {

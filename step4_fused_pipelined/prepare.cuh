@@ -26,24 +26,6 @@
 
 namespace fa::step4 {
 
-// FlashAttention's choice of the number of splits: none when the blocks already fill the GPU's block slots
-// (SMs x blocks per SM); otherwise the fewest splits whose waves of blocks fill the slots to within 85 % of
-// the best, skipping counts that do not change how many K/V tiles each split walks.
-inline int choose_splits(int64_t blocks, int kv_tiles, int64_t slots) {
-  if (blocks >= 0.8 * double(slots)) return 1;
-  const int max_splits = int(std::min<int64_t>({128, kv_tiles, slots}));
-  auto efficiency = [&](int s) {
-    const int64_t waves = (blocks * s + slots - 1) / slots;
-    return double(blocks * s) / double(waves * slots);
-  };
-  double best = 0;
-  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
-  auto tiles_per = [&](int s) { return (kv_tiles + s - 1) / s; };
-  for (int s = 1; s <= max_splits; ++s)
-    if ((s == 1 || tiles_per(s) != tiles_per(s - 1)) && efficiency(s) >= 0.85 * best) return s;
-  return 1;
-}
-
 // 4e's set-up: the packed view (grouped query heads, without dropout), the number of splits (--splits or
 // choose_splits), the workspace, and a closure that launches the split kernel, then the merge.
 template <class Tr>
@@ -69,8 +51,7 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
                                       : split_kv_forward<Tr, false, false, kMods>;
   });
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-  int per_sm = 0, sms = 0, dev = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tr::kThreads, kSmem));
+  int sms = 0, dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   int kv_tiles = int((p.Nk + Tr::Bc - 1) / Tr::Bc);
@@ -82,12 +63,16 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
     const int64_t band = std::max<int64_t>(Tr::Br, p.Nq) + p.window_left + right;
     kv_tiles = int(std::min<int64_t>(kv_tiles, (band + Tr::Bc - 1) / Tr::Bc + 1));
   }
-  const int splits = p.splits > 0 ? int(p.splits) : choose_splits(blocks, kv_tiles, int64_t(sms) * std::max(per_sm, 1));
+  const int splits = p.splits > 0 ? int(p.splits) : choose_splits(blocks, kv_tiles, sms);
   sp.tiles_per_split = (kv_tiles + splits - 1) / splits;  // the last splits may get none: they write the identity
   sp.rows_total = p.B * p.Hq * p.Nq;
-  auto workspace = std::make_shared<DeviceBuffer>(size_t(splits) * size_t(sp.rows_total) * (Tr::D + 1) * sizeof(float));
-  sp.o_part = workspace->template as<float>();
-  sp.lse_part = sp.o_part + size_t(splits) * size_t(sp.rows_total) * Tr::D;
+  // One split writes O and the LSE itself; more write their partial results to a workspace for the combine.
+  std::shared_ptr<DeviceBuffer> workspace;
+  if (splits > 1) {
+    workspace = std::make_shared<DeviceBuffer>(size_t(splits) * size_t(sp.rows_total) * (Tr::D + 1) * sizeof(float));
+    sp.o_part = workspace->template as<float>();
+    sp.lse_part = sp.o_part + size_t(splits) * size_t(sp.rows_total) * Tr::D;
+  }
   const CUtensorMap tq = make_tensor_map_bhnd(params.q, p.dtype, p.B * sp.view.Hq, sp.view.Nq, Tr::D, Tr::Br, true);
   const CUtensorMap tk = make_tensor_map_bhnd(params.k, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, true);
   const CUtensorMap tv = make_tensor_map_bhnd(params.v, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, true);
@@ -95,10 +80,20 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
   return [=] {
     kernel<<<dim3(unsigned(blocks), unsigned(splits)), Tr::kThreads, kSmem>>>(tq, tk, tv, params, sp);
     CUDA_CHECK_LAUNCH();
-    // The merge reads what every split wrote: the launches are ordered on the stream.
-    combine_splits<T, Tr::D><<<combine_blocks, 32 * kCombineRowsPerBlock>>>(
-        sp.o_part, sp.lse_part, splits, sp.rows_total, static_cast<T*>(params.o), params.lse);
-    CUDA_CHECK_LAUNCH();
+    if (splits == 1) return;
+    // The combine, a programmatic dependent launch: it may start while the splits run, and waits
+    // (griddepcontrol.wait) for them to finish before it reads the workspace.
+    cudaLaunchAttribute dependent{};
+    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t combine{};
+    combine.gridDim = dim3(combine_blocks);
+    combine.blockDim = dim3(32 * kCombineRowsPerBlock);
+    combine.attrs = &dependent;
+    combine.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&combine, combine_splits<T, Tr::D>, static_cast<const float*>(sp.o_part),
+                                  static_cast<const float*>(sp.lse_part), splits, sp.rows_total,
+                                  static_cast<T*>(params.o), params.lse));
     (void)workspace;  // the closure owns the workspace
   };
 }

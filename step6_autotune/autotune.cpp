@@ -94,10 +94,14 @@ std::string score_mods_key(const Problem& p, const std::vector<int64_t>& bias_sh
 std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev, const std::vector<int64_t>& bias_shape) {
   // Sequence lengths share a choice within a power of two.
   const int64_t bucket = power_of_two_at_least(std::max(p.Nq, p.Nk));
+  std::string decode;  // a decode whose splits are tuned: the blocks it has without them (above)
+  if (s.tuning_splits && !s.tuning_splits(p, default_config(s, p, dev)).empty())
+    decode = "|decode:BHkv<=" + std::to_string(power_of_two_at_least(p.B * p.Hkv)) +
+             ",rows<=" + std::to_string(power_of_two_at_least(p.group() * p.Nq));
   return dev.name + "|sm" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor) + "|" + s.name + "|" +
          (p.backward && s.has_backward ? "bwd" : "fwd") + "|" + dtype_name(p.dtype) + "|d" + std::to_string(p.d) + "|" +
          (p.causal ? "causal" : "full") + "|g" + std::to_string(p.group()) + (p.dropout > 0 ? "|dropout" : "") +
-         score_mods_key(p, bias_shape) + "|N<=" + std::to_string(bucket);
+         score_mods_key(p, bias_shape) + decode + "|N<=" + std::to_string(bucket);
 }
 
 std::string pick(const std::vector<std::pair<std::string, double>>& table, const std::string& default_config,
@@ -181,6 +185,11 @@ Problem forward_only(Problem p) {
   return p;
 }
 
+Problem with_splits(Problem p, const Choice& c) {
+  if (p.splits == 0) p.splits = c.splits;
+  return p;
+}
+
 Autotuner::Autotuner(std::string cache_file) : file_(std::move(cache_file)) {}
 
 std::string Autotuner::cached(const Stage& s, const Problem& p, const std::vector<int64_t>& bias_shape) const {
@@ -193,12 +202,15 @@ void Autotuner::clear() { std::remove(file_.c_str()); }
 
 Choice Autotuner::choose(const Stage& s, const Problem& p, bool force, const std::vector<int64_t>& bias_shape) {
   const std::string def = s.variants.empty() ? "" : s.variants[0];
-  if (s.tuning_variants.empty()) return {def, "default (nothing to tune)", {}};
-  if (autotune_disabled()) return {def, "default (DISABLE_AUTOTUNE)", {}};
+  if (s.tuning_variants.empty()) return {def, 0, "default (nothing to tune)", {}};
+  if (autotune_disabled()) return {def, 0, "default (DISABLE_AUTOTUNE)", {}};
   const DeviceLimits dev = current_device();
   const std::string key = cache_key(s, p, dev, bias_shape);
   json cache = load_cache(file_);
-  if (!force && cache["entries"].contains(key)) return {cache["entries"][key]["variant"].get<std::string>(), "cache", {}};
+  if (!force && cache["entries"].contains(key)) {
+    const json& e = cache["entries"][key];
+    return {e["variant"].get<std::string>(), e.value("splits", int64_t(0)), "cache", {}};
+  }
 
   if (s.unsupported)  // what the default cannot run, no candidate is timed on
     if (const std::string why = s.unsupported(p, def); !why.empty())
@@ -222,12 +234,26 @@ Choice Autotuner::choose(const Stage& s, const Problem& p, bool force, const std
     if (bwd) r->run_backward();
     ref = r->outputs();
   }
-  Choice best{def, "tuned now", {}};
+  // Every candidate, and in a decode every split count the stage offers for it (0: the stage's own choice).
+  struct Candidate {
+    std::string config;
+    int64_t splits;
+    std::string label() const { return splits ? config + " splits=" + std::to_string(splits) : config; }
+  };
+  std::vector<Candidate> runs;
+  for (const std::string& v : candidates) {
+    runs.push_back({v, 0});
+    if (s.tuning_splits)
+      for (int64_t n : s.tuning_splits(p, v)) runs.push_back({v, n});
+  }
+  Choice best{def, 0, "tuned now", {}};
   double best_tflops = -1;
-  for (size_t k = 0; k < candidates.size(); ++k) {
-    const std::string& v = candidates[k];
-    std::fprintf(stderr, "autotune [%zu/%zu] %-28s ", k + 1, candidates.size(), v.c_str());
-    auto r = s.make(p, in, v);
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const Candidate& c = runs[k];
+    std::fprintf(stderr, "autotune [%zu/%zu] %-34s ", k + 1, runs.size(), c.label().c_str());
+    Problem q = p;
+    q.splits = c.splits ? c.splits : p.splits;
+    auto r = s.make(q, in, c.config);
     r->run();
     if (bwd) r->run_backward();
     const Outputs out = r->outputs();
@@ -241,16 +267,20 @@ Choice Autotuner::choose(const Stage& s, const Problem& p, bool force, const std
     const Timing t = time_runner(*r, s, bwd);
     const double tflops = flops / ((bwd ? t.bwd_ms : t.fwd_ms) * 1e-3) / 1e12;
     std::fprintf(stderr, "%8.1f TFLOP/s\n", tflops);
-    best.table.emplace_back(v, tflops);
+    best.table.emplace_back(c.label(), tflops);
   }
   if (!best.table.empty()) {
-    best.variant = pick(best.table, default_config(s, p, dev));
+    const std::string label = pick(best.table, default_config(s, p, dev));
+    for (const Candidate& c : runs)
+      if (c.label() == label) best.variant = c.config, best.splits = c.splits;
     for (const auto& [v, tflops] : best.table)
-      if (v == best.variant) best_tflops = tflops;
+      if (v == label) best_tflops = tflops;
     std::time_t now = std::time(nullptr);
     char date[32];
     std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-    cache["entries"][key] = {{"variant", best.variant}, {"tflops", best_tflops}, {"date", date}};
+    json entry = {{"variant", best.variant}, {"tflops", best_tflops}, {"date", date}};
+    if (best.splits) entry["splits"] = best.splits;
+    cache["entries"][key] = entry;
     save_cache(file_, cache);
   }
   return best;
@@ -279,8 +309,9 @@ Stage stage(const std::string& cache_file) {
   s.make = [fwd, bwd, cache_file](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
     if (v == "default") return p.backward ? bwd.make(p, in, bwd.variants[0]) : fwd.make(p, in, fwd.variants[0]);
     const Choice f = Autotuner(cache_file).choose(fwd, forward_only(p), false, in.bias.shape);
-    std::fprintf(stderr, "step6_autotune: forward: %s config %s\n", f.source.c_str(), f.variant.c_str());
-    if (!p.backward) return fwd.make(p, in, f.variant);
+    std::fprintf(stderr, "step6_autotune: forward: %s config %s%s\n", f.source.c_str(), f.variant.c_str(),
+                 f.splits ? (" splits " + std::to_string(f.splits)).c_str() : "");
+    if (!p.backward) return fwd.make(with_splits(p, f), in, f.variant);
     const Choice b = Autotuner(cache_file).choose(bwd, p, false, in.bias.shape);
     std::fprintf(stderr, "step6_autotune: backward: %s config %s\n", b.source.c_str(), b.variant.c_str());
     return bwd.make(p, in, step5::with_forward(b.variant, f.variant));

@@ -33,7 +33,7 @@ DeviceLimits current_device();  // from the CUDA runtime
 std::vector<std::string> feasible_variants(const Stage& s, const Problem& p, const DeviceLimits& dev,
                                            std::vector<std::string>* rejected = nullptr);
 
-// "gpu|cc|stage|fwd|dtype|d|causal|group[|dropout][|mods]|N<=bucket": the cache key of a problem. Dropout
+// "gpu|cc|stage|fwd|dtype|d|causal|group[|dropout][|mods][|decode]|N<=bucket": the cache key of a problem. Dropout
 // and the score modifiers compile other kernels (and a bias is traffic of its own), so they tune apart; the
 // key of a problem without them is what it always was. [|mods] names each modifier that is on:
 //   |biasBH   a bias and its shape: B or 1, H or 1 (a broadcast dimension), as `bias_shape` [B|1, Hq|1, Nq, Nk]
@@ -41,6 +41,9 @@ std::vector<std::string> feasible_variants(const Stage& s, const Problem& p, con
 //   |alibi    ALiBi (its slopes change no work)
 //   |softcap  a softcap (its value changes no work)
 //   |win<=L,<=R  a sliding window, each side bucketed like N (-1: unbounded; causal caps R at 0)
+// [|decode] is there where the stage tunes split counts for p (Stage::tuning_splits): how many splits pay
+// depends on how many blocks the problem has without them, so the key adds B * Hkv and the rows of a KV
+// head's queries (group * Nq), each bucketed like N: |decode:BHkv<=X,rows<=Y.
 std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev,
                       const std::vector<int64_t>& bias_shape = {});
 
@@ -56,8 +59,9 @@ std::string default_cache_path();  // $XDG_CACHE_HOME or ~/.cache, /flashattenti
 
 struct Choice {
   std::string variant;  // the configuration to run
+  int64_t splits = 0;   // and its split count (--splits), where the stage tunes one; 0: the stage's own choice
   std::string source;   // "default (DISABLE_AUTOTUNE)", "cache", "tuned now"
-  std::vector<std::pair<std::string, double>> table;  // every timed config and its TFLOP/s (tuned now)
+  std::vector<std::pair<std::string, double>> table;  // every timed config ("name splits=N") and its TFLOP/s (tuned now)
 };
 
 class Autotuner {
@@ -81,6 +85,9 @@ std::string default_config(const Stage& s, const Problem& p, const DeviceLimits&
 
 // p without the backward: what step 4's forward is tuned on (a backward run tunes both passes).
 Problem forward_only(Problem p);
+
+// p as the choice runs it: with the tuned split count, unless p already asks for one (--splits).
+Problem with_splits(Problem p, const Choice& c);
 
 // The registry entry "step6_autotune": step 4's forward and (with a backward) step 5's backward, each in
 // its tuned configuration (tuned in make(), outside any timed region), cached in `cache_file`.

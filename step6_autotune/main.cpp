@@ -59,22 +59,24 @@ int main(int argc, char** argv) {
       const char* pass = problem.backward ? "backward" : "forward";
       const fa::step6::Choice c = tuner.choose(base, problem, force, bias_shape);
       const std::string def = fa::step6::default_config(base, problem, fa::step6::current_device());
-      std::printf("%s configuration: %s (%s; cache %s)\n", pass, c.variant.c_str(), c.source.c_str(),
+      const std::string chosen = c.splits ? c.variant + " splits=" + std::to_string(c.splits) : c.variant;
+      std::printf("%s configuration: %s (%s; cache %s)\n", pass, chosen.c_str(), c.source.c_str(),
                   tuner.file().c_str());
       // The JSON record says which configurations ran, so a tuned/default ratio can be read as "same
       // kernels" (the tuner kept the default) or "a different choice".
       const std::string mode = problem.backward ? "bwd" : "fwd";
       o.record_extra[mode + "_config"] = c.variant;
       o.record_extra[mode + "_default_config"] = def;
+      if (c.splits) o.record_extra[mode + "_splits"] = std::to_string(c.splits);
       if (c.table.empty()) continue;
-      std::printf("%-28s %10s\n", "config", "TFLOP/s");
+      std::printf("%-34s %10s\n", "config", "TFLOP/s");
       for (const auto& [name, tf] : c.table)
-        std::printf("%-28s %10.1f%s\n", name.c_str(), tf, name == c.variant ? "  <- chosen" : "");
+        std::printf("%-34s %10.1f%s\n", name.c_str(), tf, name == chosen ? "  <- chosen" : "");
       if (!table_json.empty()) {
         nlohmann::json rec = {{"device", fa::device_name(s)}, {"d", p.d}, {"Nq", p.Nq}, {"Nk", p.Nk}, {"B", p.B},
                               {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"causal", p.causal}, {"dtype", fa::dtype_name(p.dtype)},
                               {"mode", mode}, {"git", fa::git_revision()},
-                              {"chosen", c.variant}, {"default", def}, {"table", c.table}};
+                              {"chosen", chosen}, {"default", def}, {"table", c.table}};
         std::ofstream(table_json, std::ios::app) << rec.dump() << "\n";
       }
     }

@@ -576,7 +576,9 @@ TEST(Step2Mods, NamedCombinationsPassTheCheckAgainstStep1) {
           EXPECT_TRUE(r.pass) << c.name << " " << v << " " << p.describe() << ": O " << r.stage[0].max_abs << " LSE "
                               << r.stage[1].max_abs << " dQ " << r.stage[2].max_abs << " dK " << r.stage[3].max_abs
                               << " dV " << r.stage[4].max_abs << " dBias " << r.stage[5].max_abs;
-          if (bwd && p.bias) EXPECT_EQ(out.dbias.shape, in.bias.shape) << c.name << " " << v;
+          if (bwd && p.bias) {
+            EXPECT_EQ(out.dbias.shape, in.bias.shape) << c.name << " " << v;
+          }
         }
       }
 }
@@ -625,8 +627,9 @@ TEST(Step2Mods, WindowSkipsTheBlocksOutsideIt) {
     step2::backward_kv_outer({bh}, bl, count_backward_visit, &backward);
     EXPECT_EQ(backward, needed) << what;
     if (p.Nq >= 3 * bl.Br && p.Nk >= 3 * bl.Bc && p.window_left < bl.Bc && p.window_right >= 0 &&
-        p.window_right < bl.Bc && p.input_pos == 0)
+        p.window_right < bl.Bc && p.input_pos == 0) {
       EXPECT_LT(needed, all) << what;  // a narrow band leaves blocks out
+    }
   }
 }
 

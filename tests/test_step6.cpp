@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/random.h"
 #include "harness/registry.h"
+#include "step4_fused_pipelined/configs.h"
 #include "step4_fused_pipelined/fused.h"
 #include "step5_backward/backward.h"
 #include "step6_autotune/autotune.h"
@@ -166,6 +168,60 @@ TEST(Step6Cache, KeySeparatesScoreModifiers) {
 // (kernel_traits.h: kHasMods), not into its chapter's lessons and ablations. With a modifier on, its
 // unsupported refuses those, and the tuner skips them with that reason (it never makes one): the unswizzled
 // ablation, a candidate for a plain problem, is no candidate here; the others stay candidates.
+// A decode's split count depends on how many blocks it has without splits (B * Hkv, and the rows of a KV
+// head's queries): those tune apart; a prefill's key does not change.
+TEST(Step6Cache, KeyOfADecodeNamesItsBlocks) {
+  const Stage s = step4::stage();
+  Problem decode = problem(128, 8192, true, 8);
+  decode.Hq = 32;
+  decode.Nq = 1;
+  decode.input_pos = decode.Nk - 1;
+  const auto key = [&](const Problem& p) { return step6::cache_key(s, p, kFakeH100); };
+  EXPECT_NE(key(decode).find("|causal|g4|decode:BHkv<=8,rows<=4|N<=8192"), std::string::npos) << key(decode);
+  Problem batch = decode, rows = decode, near = decode;
+  batch.B = 8;
+  rows.Nq = 16;
+  rows.input_pos = rows.Nk - 16;
+  near.Hkv = 7;  // B * Hkv = 7: the same bucket
+  near.Hq = 28;
+  EXPECT_NE(key(batch), key(decode));
+  EXPECT_NE(key(rows), key(decode));
+  EXPECT_EQ(key(near), key(decode));
+  EXPECT_EQ(key(problem(128, 8192, true, 8)).find("decode"), std::string::npos) << "a prefill keeps its key";
+  Problem forced = decode;
+  forced.splits = 4;  // --splits given: nothing to tune
+  EXPECT_EQ(key(forced).find("decode"), std::string::npos);
+}
+
+// Step 6 times each 4e configuration of a decode with the split counts that change a split's share of
+// the K/V tiles; nothing else gets split counts.
+TEST(Step6Splits, OffersSplitCountsToSplitKvConfigsAtDecodeOnly) {
+  const Stage s = step4::stage();
+  ASSERT_TRUE(s.tuning_splits);
+  Problem p = problem(64, 1000, true, 1);
+  p.Nq = 1;
+  p.input_pos = p.Nk - 1;
+  const std::string split_kv = s.config_of(p, "auto", 9);
+  ASSERT_EQ(split_kv.rfind("4e-", 0), 0u) << split_kv;
+  const int64_t bc = split_kv.find("-Bc128-") != std::string::npos ? 128 : 64;
+  const int64_t tiles = (p.Nk + bc - 1) / bc;
+  const std::vector<int64_t> counts = s.tuning_splits(p, split_kv);
+  ASSERT_FALSE(counts.empty());
+  EXPECT_EQ(counts.front(), 1);
+  int64_t last = 0;
+  for (int64_t n : counts) {
+    EXPECT_LE(n, tiles) << "more splits than K/V tiles add blocks with nothing to do";
+    EXPECT_NE((tiles + n - 1) / n, last) << n << " splits walk as many tiles each as the count before";
+    last = (tiles + n - 1) / n;
+  }
+  EXPECT_TRUE(s.tuning_splits(p, s.config_of(p, "sm90", 9)).empty()) << "4d has no split-KV path";
+  Problem prefill = problem(64, 1000, true, 1);
+  EXPECT_TRUE(s.tuning_splits(prefill, split_kv).empty()) << "a prefill is not split";
+  Problem forced = p;
+  forced.splits = 3;
+  EXPECT_TRUE(s.tuning_splits(forced, split_kv).empty()) << "--splits given: nothing to tune";
+}
+
 TEST(Step6Filter, SkipsConfigsThatCannotRunScoreModifiers) {
   const Stage s = step4::stage();
   for (int64_t d : {64, 128}) {
@@ -241,6 +297,62 @@ TEST(Step6, CacheRoundTripsAndTimesNothingTheSecondTime) {
   }
   step6::Autotuner(file).clear();
   EXPECT_FALSE(std::filesystem::exists(file));
+}
+
+// Step 4's own choice of splits (configs.h): one of the counts step 6 tries; none once the blocks fill two
+// per SM; otherwise every split keeps at least two K/V tiles.
+TEST(Step4Splits, ChoiceFillsTwoBlocksPerSmAndLeavesEachSplitTwoTiles) {
+  for (int sms : {48, 132})
+    for (int64_t blocks : {1, 8, 32, 64, 200, 256, 1000})
+      for (int64_t kv_tiles : {1, 2, 3, 16, 64, 512}) {
+        SCOPED_TRACE("SMs " + std::to_string(sms) + " blocks " + std::to_string(blocks) + " tiles " + std::to_string(kv_tiles));
+        const int s = step4::choose_splits(blocks, kv_tiles, sms);
+        const std::vector<int> counts = step4::split_counts(kv_tiles);
+        EXPECT_NE(std::find(counts.begin(), counts.end(), s), counts.end());
+        if (blocks >= 0.8 * 2 * sms) {
+          EXPECT_EQ(s, 1);
+        }
+        if (s > 1) {
+          EXPECT_LE(2 * s, kv_tiles);
+        }
+      }
+  EXPECT_EQ(step4::choose_splits(8, 64, 132), 32);  // 8 x 32 = 256 blocks: 97 % of 2 x 132, 2 tiles each
+  EXPECT_EQ(step4::choose_splits(32, 256, 132), 8);
+  EXPECT_EQ(step4::choose_splits(264, 256, 132), 1);
+}
+
+// A decode: every 4e configuration is timed with each split count too; the choice (configuration and split
+// count) is cached, read back, and computes what step 1 computes.
+TEST(Step6, TunesTheSplitsOfADecodeAndCachesThem) {
+  if (const std::string why = gpu_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  unsetenv("DISABLE_AUTOTUNE");
+  unsetenv("FMHA_DISABLE_AUTOTUNE");
+  const std::string file = (std::filesystem::temp_directory_path() / "fa_step6_splits_test.json").string();
+  std::remove(file.c_str());
+  const Stage s = step4::stage();
+  Problem p = problem(128, 3000, true, 1);
+  p.Nq = 1;
+  p.input_pos = p.Nk - 1;
+  const step6::DeviceLimits dev = step6::current_device();
+  size_t runs = 0;
+  for (const std::string& v : step6::feasible_variants(s, p, dev)) runs += 1 + s.tuning_splits(p, v).size();
+  const step6::Choice first = step6::Autotuner(file).choose(s, p);
+  EXPECT_EQ(first.source, "tuned now");
+  EXPECT_EQ(first.table.size(), runs) << "every configuration once, and each 4e one with every split count";
+  EXPECT_GT(runs, step6::feasible_variants(s, p, dev).size());
+  const std::string label = first.splits ? first.variant + " splits=" + std::to_string(first.splits) : first.variant;
+  EXPECT_EQ(label, step6::pick(first.table, step6::default_config(s, p, dev)));
+  const step6::Choice second = step6::Autotuner(file).choose(s, p);
+  EXPECT_EQ(second.source, "cache");
+  EXPECT_EQ(second.variant, first.variant);
+  EXPECT_EQ(second.splits, first.splits);
+  // What the choice runs is checked like any run.
+  const Problem tuned = step6::with_splits(p, second);
+  const Inputs in = random_inputs(tuned);
+  auto runner = s.make(tuned, in, second.variant);
+  runner->run();
+  EXPECT_TRUE(check_against_reference(tuned, in, runner->outputs()).pass);
+  step6::Autotuner(file).clear();
 }
 
 }  // namespace

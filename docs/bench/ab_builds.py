@@ -9,6 +9,8 @@
 # and thermal drift fall on both alike. Every run appends one JSON record (with "ab_build": "a" or "b" and
 # "ab_round") to --out; the table at the end gives each side's median over rounds and the ratio B / A of
 # throughput (above 1: B is faster).
+#   --decode [--batches 1 8] [--nks 2048 8192 32768]: step 4's forward at sweep.py's decode points instead
+#   (Hq = 32, Hkv 8 and 32, Nq 1 and 16, causal, bf16): B / A is then the ratio of times A / B.
 import argparse
 import json
 import os
@@ -51,7 +53,12 @@ def main():
     ap.add_argument("--atomic-variant", default="atomic",
                     help="step 5's variant for the bwd-atomic pass (e.g. kv128x64-w4x2-S2-atomic)")
     ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--decode", action="store_true", help="sweep.py's decode points, step 4's forward only")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="decode: the batch sizes")
+    ap.add_argument("--nks", type=int, nargs="+", default=[2048, 8192, 32768], help="decode: the KV lengths")
     args = ap.parse_args()
+    if args.decode:
+        return decode(args)
     chosen = {"auto": args.fwd_variant, "atomic": args.atomic_variant}
     passes = [(n, st, [chosen.get(f, f) for f in fl]) for n, st, fl in PASSES if n in args.passes]
     rows = []
@@ -81,6 +88,29 @@ def main():
         print(f"{d:>4} {n:>6} {str(causal):>6} {name:<18} {a:>10.1f} {b:>10.1f} {b / a:>6.3f}")
     worst = min(b / a for *_, a, b in rows)
     print(f"lowest B/A: {worst:.3f}")
+
+
+def decode(args):
+    """Step 4's forward at the decode points: alternating rounds as above, median forward time per side."""
+    points = [(d, b, hkv, nq, nk) for d in args.dims for b in args.batches for hkv in (8, 32) for nq in (1, 16)
+              for nk in args.nks]
+    rows = []
+    for k, (d, b, hkv, nq, nk) in enumerate(points, 1):
+        flags = ["--variant", args.fwd_variant, "--dtype", "bf16", "--batch", str(b), "--heads", "32",
+                 "--kv-heads", str(hkv), "--seq-q", str(nq), "--seq-k", str(nk), "--dim", str(d), "--causal"]
+        got = {"a": [], "b": []}
+        for rnd in range(args.rounds):
+            for tag in (("a", "b") if rnd % 2 == 0 else ("b", "a")):
+                rec = run(args.a if tag == "a" else args.b, "step4_fused_pipelined", flags, args.out, tag, rnd)
+                got[tag].append(rec["fwd_ms"] * 1000)
+        a, b_us = statistics.median(got["a"]), statistics.median(got["b"])
+        rows.append((d, b, hkv, nq, nk, a, b_us))
+        print(f"[{k}/{len(points)}] d={d} B={b} Hkv={hkv} Nq={nq} Nk={nk}: A {a:.1f} B {b_us:.1f} us "
+              f"(B/A {a / b_us:.3f})", file=sys.stderr, flush=True)
+    print(f"{'d':>4} {'B':>3} {'Hkv':>4} {'Nq':>3} {'Nk':>6} {'A us':>8} {'B us':>8} {'B/A':>6}")
+    for d, b, hkv, nq, nk, a, b_us in rows:
+        print(f"{d:>4} {b:>3} {hkv:>4} {nq:>3} {nk:>6} {a:>8.1f} {b_us:>8.1f} {a / b_us:>6.3f}")
+    print(f"lowest B/A: {min(a / b_us for *_, a, b_us in rows):.3f}")
 
 
 if __name__ == "__main__":
