@@ -195,7 +195,7 @@ def table(data, source):
     hq = data.get("Hq", 32)
     all_points = sorted({point(r) for r in data["records"]})
     lines = [f"Decode forward on {data['gpu']}, {data['dtype']}, Hq = {hq}, causal bottom-right, measured "
-             f"{data['date']} at git {data['git']}"
+             f"{data['date']}, build {data.get('build_git') or data['git']}"
              + (f"; roof: copy bandwidth {roof:.0f} GB/s, measured in the same run" if roof else "; no roof measured")
              + ". GB/s = (Q + K + V read, O written) bytes / time, K and V once per KV head. SDPA: the faster of "
              + ", ".join(impls[k] for k in peers) + " at each point; ratio = SDPA time / stage time "
