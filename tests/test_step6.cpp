@@ -273,12 +273,19 @@ TEST(Step6, DisableAutotuneUsesTheDefaultWithoutTiming) {
   }
 }
 
-TEST(Step6, CacheRoundTripsAndTimesNothingTheSecondTime) {
-  if (const std::string why = gpu_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+// Tuning switched on (whatever the suite's environment says) and an empty cache file of this name in the
+// temporary folder: its path.
+std::string fresh_tuning_cache(const char* name) {
   unsetenv("DISABLE_AUTOTUNE");
   unsetenv("FMHA_DISABLE_AUTOTUNE");
-  const std::string file = (std::filesystem::temp_directory_path() / "fa_step6_cache_test.json").string();
+  const std::string file = (std::filesystem::temp_directory_path() / name).string();
   std::remove(file.c_str());
+  return file;
+}
+
+TEST(Step6, CacheRoundTripsAndTimesNothingTheSecondTime) {
+  if (const std::string why = gpu_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  const std::string file = fresh_tuning_cache("fa_step6_cache_test.json");
   Problem bwd = problem(64, 512);
   bwd.backward = true;
   // The forward on step 4, the backward on step 5: two entries of one cache file.
@@ -325,10 +332,7 @@ TEST(Step4Splits, ChoiceFillsTwoBlocksPerSmAndLeavesEachSplitTwoTiles) {
 // count) is cached, read back, and computes what step 1 computes.
 TEST(Step6, TunesTheSplitsOfADecodeAndCachesThem) {
   if (const std::string why = gpu_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
-  unsetenv("DISABLE_AUTOTUNE");
-  unsetenv("FMHA_DISABLE_AUTOTUNE");
-  const std::string file = (std::filesystem::temp_directory_path() / "fa_step6_splits_test.json").string();
-  std::remove(file.c_str());
+  const std::string file = fresh_tuning_cache("fa_step6_splits_test.json");
   const Stage s = step4::stage();
   Problem p = problem(128, 3000, true, 1);
   p.Nq = 1;
