@@ -45,6 +45,11 @@ class GpuRunner : public Runner {
   // Uploads Q, K, V in the problem's dtype, allocates O and LSE and poisons them with NaN.
   GpuRunner(const Problem& p, const Inputs& in);
   Outputs outputs() override;  // synchronises, downloads, returns float32 tensors
+  // NaN in O and the LSE again: a test that launches twice sees whether the second launch wrote every element.
+  void poison_outputs() {
+    o_.poison();
+    lse_.poison();
+  }
 
  protected:
   Problem p_;

@@ -14,6 +14,8 @@
 //      loop with a branch per split, waits for one split's O before the next: 32 splits x a memory round
 //      trip, 15 us on the H100; docs/results/step4.md).
 // Lane k holds columns k * D / 32 .. of O (contiguous, so a warp reads whole rows).
+// merge_row is the work of one warp on one row: the combine kernel runs it on every row, and the split kernel's
+// last block of a short query tile runs it on that tile's rows (kernel_4e_split_kv.cuh), with no second kernel.
 // Limits: reads every split of every row once (splits x rows x d floats): small next to K and V at decode.
 #pragma once
 #include <cuda_runtime.h>
@@ -28,20 +30,23 @@ namespace fa::step4 {
 
 constexpr int kCombineRowsPerBlock = 4;  // one warp per row
 
-// grid = ceil(rows / kCombineRowsPerBlock), block = 32 * kCombineRowsPerBlock threads.
-// o_part [splits, rows, D], lse_part [splits, rows] -> o [rows, D] (type T), lse [rows] (if not null).
-template <typename T, int D>
-__global__ void __launch_bounds__(32 * kCombineRowsPerBlock)
-    combine_splits(const float* o_part, const float* lse_part, int splits, int64_t rows, T* o, float* lse) {
+// One warp merges row `row` of o_part [splits, rows, D], lse_part [splits, rows] into o [rows, D] (type T) and
+// lse [rows] (if not null). Called by every lane of the warp. kViaL2: the splits were written by other blocks
+// of the same grid (the split kernel's last block merges short tiles itself), so the loads bypass L1 (__ldcg),
+// which may hold an older copy of a line; the combine kernel, a later grid, loads plainly (with __ldcg it ran
+// up to 16 % slower on the H100: docs/results/step4.md).
+template <typename T, int D, bool kViaL2>
+__device__ __forceinline__ void merge_row(const float* o_part, const float* lse_part, int splits, int64_t rows,
+                                          int64_t row, int lane, T* o, float* lse) {
   constexpr int kCols = D / 32;  // columns per lane
   static_assert(kCols % 2 == 0, "lanes move pairs of columns");
-  // Launched as a programmatic dependent of the split kernel: nothing may be read before it has finished.
-  ptx::wait_for_prerequisites();
-  const int64_t row = int64_t(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int lane = threadIdx.x % 32, col0 = lane * kCols;
+  const int col0 = lane * kCols;
+  auto load = [](const auto* at) {
+    if constexpr (kViaL2) return __ldcg(at);
+    else return *at;
+  };
   auto split_state = [&](int s) {  // (LSE_s, 1), or the empty state of a split that saw no key
-    const float lse_s = lse_part[int64_t(s) * rows + row];
+    const float lse_s = load(lse_part + int64_t(s) * rows + row);
     return SoftmaxState{lse_s, lse_s == -INFINITY ? 0.0f : 1.0f};
   };
 
@@ -61,14 +66,14 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock)
   const float m = state.m == -INFINITY ? 0.0f : state.m;  // all splits empty: every weight is e^-inf = 0
   for (int base = 0; base < splits; base += 32) {
     const int s_lane = base + lane, n = min(32, splits - base);
-    const float w_lane = s_lane < splits ? expf(lse_part[int64_t(s_lane) * rows + row] - m) * inv : 0.0f;
+    const float w_lane = s_lane < splits ? expf(load(lse_part + int64_t(s_lane) * rows + row) - m) * inv : 0.0f;
 #pragma unroll 8
     for (int j = 0; j < n; ++j) {
       const float w = __shfl_sync(0xffffffffu, w_lane, j);
       const float* o_s = o_part + (int64_t(base + j) * rows + row) * D + col0;
 #pragma unroll
       for (int c = 0; c < kCols; c += 2) {
-        const float2 v = *reinterpret_cast<const float2*>(o_s + c);
+        const float2 v = load(reinterpret_cast<const float2*>(o_s + c));
         acc[c] += w * v.x;
         acc[c + 1] += w * v.y;
       }
@@ -77,6 +82,18 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock)
 #pragma unroll
   for (int c = 0; c < kCols; ++c) o[row * D + col0 + c] = from_float<T>(acc[c]);
   if (lse && lane == 0) lse[row] = row_lse(state);
+}
+
+// grid = ceil(rows / kCombineRowsPerBlock), block = 32 * kCombineRowsPerBlock threads.
+// o_part [splits, rows, D], lse_part [splits, rows] -> o [rows, D] (type T), lse [rows] (if not null).
+template <typename T, int D>
+__global__ void __launch_bounds__(32 * kCombineRowsPerBlock)
+    combine_splits(const float* o_part, const float* lse_part, int splits, int64_t rows, T* o, float* lse) {
+  // Launched as a programmatic dependent of the split kernel: nothing may be read before it has finished.
+  ptx::wait_for_prerequisites();
+  const int64_t row = int64_t(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  merge_row<T, D, false>(o_part, lse_part, splits, rows, row, threadIdx.x % 32, o, lse);
 }
 
 }  // namespace fa::step4

@@ -20,6 +20,9 @@
 // which is the state (LSE_s, 1, O_s).
 // A warp whose rows all lie past the last row (most of a tile, at decode) skips the math. Compiled with
 // kMods, the score modifiers of score_mod.cuh, as in 4d; a window narrows the tiles the splits divide.
+// Short tiles (at most kMergeInKernelRows rows, one per warp) skip the combine kernel: each split counts its arrival in
+// `arrivals`, and the last one, seeing every other split's partial result in L2, merges the tile's rows with
+// the combine's own merge_row (the pattern of CUDA's threadFenceReduction sample).
 // Limits: no dropout with packed heads (a tile's rows would need per-row dropout heads; the launcher packs
 // only without dropout); the workspace costs splits x B x Hq x Nq x (d + 1) floats.
 #pragma once
@@ -28,6 +31,7 @@
 
 #include "gpu/gpu_runner.h"
 #include "gpu/ptx.h"
+#include "step4_fused_pipelined/combine.cuh"
 #include "step4_fused_pipelined/dropout.cuh"
 #include "step4_fused_pipelined/fragments.cuh"
 #include "step4_fused_pipelined/kernel_traits.h"
@@ -47,7 +51,14 @@ struct SplitParams {
   float* lse_part;      // [splits, B * Hq * Nq]      each split's LSE; -inf: the split saw no key
   int64_t rows_total;   // B * Hq * Nq
   int tiles_per_split;  // K/V tiles of Bc keys per split
+  int* arrivals;        // [grid.x] splits of each query tile that have finished, zero between launches; nullptr:
+                        //   the combine kernel merges (rows of a tile > kMergeInKernelRows, or one split)
 };
+
+// A query tile with at most this many rows (decoding one token: g * Nq <= 4) is merged by its last split to
+// finish, inside the split kernel, one warp per row: a handful of rows is too little work to pay for a second
+// kernel. More rows would queue on the last block's warps (docs/results/step4.md).
+constexpr int kMergeInKernelRows = 4;
 
 // grid = (ceil(view Nq / Br) * view Hq * B, splits), block = 32 * kWarps threads, shared memory kFwdSmemBytes<Tr>.
 template <class Tr, bool kDropout, bool kPacked, int kMods = 0>
@@ -224,6 +235,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       *reinterpret_cast<float2*>(o_out + nd * 8 + 2 * t) = make_float2(o[nd][2 * r] * inv_l[r], o[nd][2 * r + 1] * inv_l[r]);
     if (t == 0) sp.lse_part[at] = lse[r];
   }
+
+  // ---- a short tile: the last split to finish merges its rows (combine.cuh's merge_row) -----------------
+  if (sp.arrivals == nullptr) return;  // one split, or the combine kernel merges
+  __threadfence();  // this thread's partial results reach L2 (device scope) before its block is counted
+  __syncthreads();  // every thread of the block has fenced before thread 0 counts the block's arrival
+  bool last = false;
+  if (threadIdx.x == 0) {
+    last = atomicAdd(sp.arrivals + blockIdx.x, 1) == int(gridDim.y) - 1;
+    if (last) sp.arrivals[blockIdx.x] = 0;  // every split has arrived: reset for the next launch
+    __threadfence();  // the other splits' results, fenced before their arrivals, are read after this count
+  }
+  // A barrier that also hands every thread thread 0's verdict.
+  if (!__syncthreads_or(last)) return;
+  static_assert(kMergeInKernelRows <= Tr::kWarps, "a short tile's rows are merged one per warp, in one round");
+  if (warp < sp.view.Nq - w.m0)  // the tile's real rows (at most kMergeInKernelRows): one warp each
+    merge_row<T, D, true>(sp.o_part, sp.lse_part, int(gridDim.y), sp.rows_total, int64_t(w.bh) * sp.view.Nq + w.m0 + warp,
+                    lane, static_cast<T*>(p.o), p.lse);
 }
 
 }  // namespace fa::step4

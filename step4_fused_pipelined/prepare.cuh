@@ -66,12 +66,21 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
   const int splits = p.splits > 0 ? int(p.splits) : choose_splits(blocks, kv_tiles, sms);
   sp.tiles_per_split = (kv_tiles + splits - 1) / splits;  // the last splits may get none: they write the identity
   sp.rows_total = p.B * p.Hq * p.Nq;
-  // One split writes O and the LSE itself; more write their partial results to a workspace for the combine.
+  // One split writes O and the LSE itself; more write their partial results to a workspace, merged by the
+  // last split of each tile when the tiles are short (an arrival counter per tile, zeroed here and reset by
+  // the kernel), else by the combine kernel.
   std::shared_ptr<DeviceBuffer> workspace;
+  const bool merge_in_kernel = splits > 1 && sp.view.Nq <= kMergeInKernelRows;
   if (splits > 1) {
-    workspace = std::make_shared<DeviceBuffer>(size_t(splits) * size_t(sp.rows_total) * (Tr::D + 1) * sizeof(float));
+    const size_t floats = size_t(splits) * size_t(sp.rows_total) * (Tr::D + 1);
+    const size_t counters = merge_in_kernel ? size_t(blocks) : 0;
+    workspace = std::make_shared<DeviceBuffer>(floats * sizeof(float) + counters * sizeof(int));
     sp.o_part = workspace->template as<float>();
     sp.lse_part = sp.o_part + size_t(splits) * size_t(sp.rows_total) * Tr::D;
+    if (merge_in_kernel) {
+      sp.arrivals = reinterpret_cast<int*>(sp.o_part + floats);
+      CUDA_CHECK(cudaMemset(sp.arrivals, 0, counters * sizeof(int)));
+    }
   }
   const CUtensorMap tq = make_tensor_map_bhnd(params.q, p.dtype, p.B * sp.view.Hq, sp.view.Nq, Tr::D, Tr::Br, true);
   const CUtensorMap tk = make_tensor_map_bhnd(params.k, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, true);
@@ -80,7 +89,7 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
   return [=] {
     kernel<<<dim3(unsigned(blocks), unsigned(splits)), Tr::kThreads, kSmem>>>(tq, tk, tv, params, sp);
     CUDA_CHECK_LAUNCH();
-    if (splits == 1) return;
+    if (splits == 1 || merge_in_kernel) return;  // O is complete
     // The combine, a programmatic dependent launch: it may start while the splits run, and waits
     // (griddepcontrol.wait) for them to finish before it reads the workspace.
     cudaLaunchAttribute dependent{};
