@@ -3,9 +3,10 @@
 
     merge.py OUT.json BASE.json RUN.json[:MODE] ... [--note TEXT]
 
-Starts from BASE's records and, file by file, adds each RUN's records (only its MODE ones, fwd or bwd,
-when given), a record replacing any earlier one with the same (name, variant, d, N, causal, mode), as
-sweep.py --append does. Each added record keeps its run as `run`: "DATE build GIT", which plot.py prints
+Starts from BASE's records and, file by file, adds each RUN's records (only its MODE ones, fwd, bwd or
+decode, when given), a record replacing any earlier one that measured the same thing (sweep.py's
+record_key: name, variant, stage flags, d, N, causal, mode, and B, Hkv, Nq, which tell decode points
+apart), as sweep.py --append does. Each added record keeps its run as `run`: "DATE build GIT", which plot.py prints
 under the figure (records without one are BASE's own run). Every RUN must come from BASE's GPU. Merge
 whole comparisons: a stage and the peers it is compared with should come from the same run
 (docs/conventions.md); the note says which run each part came from.
@@ -14,9 +15,7 @@ import argparse
 import json
 import sys
 
-
-def key(r):
-    return (r["name"], r["variant"], r["d"], r["N"], r["causal"], r["mode"])
+from sweep import record_key as key  # one definition of "the same measurement"
 
 
 def main():
