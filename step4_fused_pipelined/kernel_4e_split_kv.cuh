@@ -20,9 +20,9 @@
 // which is the state (LSE_s, 1, O_s).
 // A warp whose rows all lie past the last row (most of a tile, at decode) skips the math. Compiled with
 // kMods, the score modifiers of score_mod.cuh, as in 4d; a window narrows the tiles the splits divide.
-// Short tiles (at most kMergeInKernelRows rows, one per warp) skip the combine kernel: each split counts its arrival in
-// `arrivals`, and the last one, seeing every other split's partial result in L2, merges the tile's rows with
-// the combine's own merge_row (the pattern of CUDA's threadFenceReduction sample).
+// Short tiles (at most kMergeInKernelRows rows, one per warp) skip the combine kernel: each split counts its
+// arrival in `arrivals`, and the last one, seeing every other split's partial result in L2, merges the
+// tile's rows with the combine's own merge_row (the pattern of CUDA's threadFenceReduction sample).
 // Limits: no dropout with packed heads (a tile's rows would need per-row dropout heads; the launcher packs
 // only without dropout); the workspace costs splits x B x Hq x Nq x (d + 1) floats.
 #pragma once
@@ -250,8 +250,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (!__syncthreads_or(last)) return;
   static_assert(kMergeInKernelRows <= Tr::kWarps, "a short tile's rows are merged one per warp, in one round");
   if (warp < sp.view.Nq - w.m0)  // the tile's real rows (at most kMergeInKernelRows): one warp each
-    merge_row<T, D, true>(sp.o_part, sp.lse_part, int(gridDim.y), sp.rows_total, int64_t(w.bh) * sp.view.Nq + w.m0 + warp,
-                    lane, static_cast<T*>(p.o), p.lse);
+    merge_row<T, D, true>(sp.o_part, sp.lse_part, int(gridDim.y), sp.rows_total,
+                          int64_t(w.bh) * sp.view.Nq + w.m0 + warp, lane, static_cast<T*>(p.o), p.lse);
 }
 
 }  // namespace fa::step4

@@ -6,8 +6,8 @@
 Starts from BASE's records and, file by file, adds each RUN's records (only its MODE ones, fwd, bwd or
 decode, when given), a record replacing any earlier one that measured the same thing (sweep.py's
 record_key: name, variant, stage flags, d, N, causal, mode, and B, Hkv, Nq, which tell decode points
-apart), as sweep.py --append does. Each added record keeps its run as `run`: "DATE build GIT", which plot.py prints
-under the figure (records without one are BASE's own run). Every RUN must come from BASE's GPU. Merge
+apart), as sweep.py --append does. Each added record keeps its run as `run`: "DATE build GIT", which
+plot.py prints under the figure (records without one are BASE's own run). Every RUN must come from BASE's GPU. Merge
 whole comparisons: a stage and the peers it is compared with should come from the same run
 (docs/conventions.md); the note says which run each part came from.
 """
