@@ -1,8 +1,8 @@
 // FlashAttention, step by step — gpu/ptx.h
 // Thin wrappers over the PTX instructions the tensor-core stages use, each citing the PTX ISA section it
 // follows and saying in scalar terms what it does. Only instructions that sm_90 (H100) and sm_120
-// (RTX 50-series) both have: mma.sync, ldmatrix, cp.async, cp.async.bulk.tensor (TMA), mbarrier and
-// griddepcontrol. No wgmma.
+// (RTX 50-series) both have: mma.sync, ldmatrix, cp.async, cp.async.bulk.tensor (TMA), mbarrier,
+// named barriers and griddepcontrol. No wgmma (step 7 has its own, step7_hopper_wgmma/wgmma.cuh).
 #pragma once
 #include <cuda/ptx>
 #include <cuda_bf16.h>
@@ -152,6 +152,20 @@ __device__ __forceinline__ void tma_store_commit_and_wait() {
 // PTX ISA, "membar / fence" (fence.proxy.async.shared::cta): orders this thread's ordinary
 // shared-memory writes before later reads of the same memory by the async proxy (a TMA store).
 __device__ __forceinline__ void fence_async_shared() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
+
+// ---- named barriers ------------------------------------------------------------------------------
+// PTX ISA, "Parallel synchronization and communication instructions: bar, barrier": barrier kId (1-15; 0 is
+// __syncthreads') completes once kThreads threads have reached it. sync waits for that; arrive counts this
+// thread and goes on. With a subset of the block's warps they order two groups of warps without stopping the
+// rest (step 7's ping-pong: one warpgroup waits its turn, the other hands it over).
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
 
 // ---- programmatic dependent launch --------------------------------------------------------------
 // PTX ISA, "Parallel synchronization and communication instructions: griddepcontrol" (sm_90 and later).

@@ -170,8 +170,8 @@ void check_common_flags(const Stage& s, const CommonOptions& o) {
                                     {"--softcap", o.softcap.has_value()}})
       if (set) mods += (mods.empty() ? "" : ", ") + std::string(flag);
     if (!mods.empty() && !s.has_score_mods)  // a stage that does not declare has_score_mods (core/stage.h)
-      throw std::invalid_argument(s.name + " has no score modifiers (" + mods + "): every stage of the course has "
-                                  "them, steps 1 to 6 (step 4 in its 4d and 4e configurations)");
+      throw std::invalid_argument(s.name + " has no score modifiers (" + mods + "): steps 1 to 6 have them "
+                                  "(step 4 in its 4d and 4e configurations)");
   }
   if (o.tuned && s.tuning_variants.empty())
     throw std::invalid_argument(s.name + " has no configurations to tune (--tuned)");

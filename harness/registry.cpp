@@ -15,6 +15,9 @@
 #include "step5_backward/backward.h"
 #include "step6_autotune/autotune.h"
 #endif
+#ifdef FA_WITH_STEP7
+#include "step7_hopper_wgmma/hopper.h"
+#endif
 
 namespace fa {
 
@@ -28,6 +31,9 @@ const std::vector<Stage>& stages() {
     v.push_back(step4::stage());
     v.push_back(step5::stage());
     v.push_back(step6::stage());
+#endif
+#ifdef FA_WITH_STEP7  // Hopper only: built when sm_90 is among the CUDA architectures
+    v.push_back(step7::stage());
 #endif
     return v;
   }();

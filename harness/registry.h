@@ -17,6 +17,8 @@ const Stage& find_stage(const std::string& name);  // throws std::invalid_argume
 
 // Why the GPU stages cannot run here, in plain words ("" when they can): they were not built, there is no
 // GPU or driver, the driver is older than the CUDA toolkit, or the GPU is not one the kernels are built for.
+// A stage that needs more than that (step 7: a Hopper GPU) says so through its own platform: ask
+// s.platform->unavailable_reason() before running stage s.
 std::string gpu_unavailable_reason();
 
 // Step 1's oracle, and the check against it (what the tests and the tour use).

@@ -23,7 +23,8 @@
 //   and at the end O_i = O_i / l_i, LSE_i = m_i + log(l_i)   (the scale is folded into exp2, softmax.h).
 // Its building blocks live in files of their own, which step 5 includes: ring.cuh (the TMA ring, new in
 //   4d); fragments.cuh (layouts, ldmatrix loaders, P-to-A), scheduler.cuh (which tile), mask.h, dropout.cuh
-//   and softmax.h (the online softmax on fragments), all from 4a; kernel_traits.h (tiles, shared memory).
+//   and softmax.h (the online softmax on fragments), all from 4a; kernel_traits.h (tiles, shared memory);
+//   epilogue.cuh (a warp's rows of O out through TMA).
 // Limits: d = 64 or 128, bf16/fp16, scale > 0; every warp reads the whole K and V tile from shared memory
 // (the cost of 16-row warp tiles with mma.sync); no warp specialisation (sm_120 has no setmaxnreg).
 #pragma once
@@ -33,6 +34,7 @@
 #include "gpu/gpu_runner.h"
 #include "gpu/ptx.h"
 #include "step4_fused_pipelined/dropout.cuh"
+#include "step4_fused_pipelined/epilogue.cuh"
 #include "step4_fused_pipelined/fragments.cuh"
 #include "step4_fused_pipelined/kernel_traits.h"
 #include "step4_fused_pipelined/mask.h"
@@ -156,30 +158,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     v_ring.release(n);
   }
 
-  // ---- epilogue: normalise, stage O in this warp's own rows of the Q tile, TMA store ------------------
-  float inv_l[2], lse[2];
-  softmax.finish(inv_l, lse, p.scale_log2);
-  uint8_t* sO = reinterpret_cast<uint8_t*>(sm.q);  // the warp alone read these 16 rows of Q: safe to reuse,
-  __syncwarp();  // ... once every lane's ldmatrix of them is done (a tile with no K/V trip has no other sync)
-#pragma unroll
-  for (int nd = 0; nd < kOTiles; ++nd)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint32_t off = tile_offset<Br, kL>(16 * warp + g + 8 * r, nd * 8) + 4 * t;  // columns 8nd + 2t, +1
-      *reinterpret_cast<uint32_t*>(sO + off) = ptx::pack2<T>(o[nd][2 * r] * inv_l[r], o[nd][2 * r + 1] * inv_l[r]);
-    }
-  ptx::fence_async_shared();  // the TMA store (async proxy) must see these ordinary stores
-  __syncwarp();               // ... from every lane of the warp
-  if (lane == 0) {
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c)
-      ptx::tma_store_3d(&tm_o, c * 64, w.m0 + 16 * warp, w.bh, sm.q + c * Br * 64 + 16 * warp * 64);
-    ptx::tma_store_commit_and_wait();  // shared memory must outlive the store's reads
-  }
-  if (p.lse && t == 0)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (row_g + 8 * r < p.Nq) p.lse[int64_t(w.bh) * p.Nq + row_g + 8 * r] = lse[r];
+  // ---- epilogue: normalise, stage O in this warp's own rows of the Q tile, TMA store (epilogue.cuh) -----
+  store_o_rows<Tr>(o, softmax, sm.q, &tm_o, w.m0, w.bh, warp, p);
 }
 
 }  // namespace fa::step4

@@ -24,32 +24,48 @@ struct RowSoftmax {
   // o: [kOTiles][4] output accumulators, rescaled by alpha = exp(scale * (m_old - m_new)).
   __device__ __forceinline__ void update(float (&s)[kSTiles][4], float (&o)[kOTiles][4], float scale_log2) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
+    for (int r = 0; r < 2; ++r) rescale_row(o, r, update_row(s, r, scale_log2));
+  }
+  // The same in two halves, for a kernel whose O is still being written by the tensor cores while the
+  // softmax runs (step 7c): update_rows turns s into P and returns each row's alpha; rescale applies them.
+  __device__ __forceinline__ void update_rows(float (&s)[kSTiles][4], float (&alpha)[2], float scale_log2) {
 #pragma unroll
-      for (int nt = 0; nt < kSTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      // The row's four threads (a quad: lanes 4g .. 4g+3) hold disjoint columns: combine them.
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // A row with every score masked so far keeps m = -inf; use 0 so that exp2(-inf - 0) = 0, not NaN.
-      const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
-      const float alpha = ptx::exp2_approx(m[r] * scale_log2 - m_scaled);
-      m[r] = mx;
-      float sum = 0.0f;
+    for (int r = 0; r < 2; ++r) alpha[r] = update_row(s, r, scale_log2);
+  }
+  __device__ __forceinline__ void rescale(float (&o)[kOTiles][4], const float (&alpha)[2]) {
 #pragma unroll
-      for (int nt = 0; nt < kSTiles; ++nt)
+    for (int r = 0; r < 2; ++r) rescale_row(o, r, alpha[r]);
+  }
+
+  // Row r (0: g, 1: g + 8) of the update: its new max, P in place of its scores, l; returns its alpha.
+  __device__ __forceinline__ float update_row(float (&s)[kSTiles][4], int r, float scale_log2) {
+    float mx = m[r];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = ptx::exp2_approx(fmaf(s[nt][2 * r + e], scale_log2, -m_scaled));
-          s[nt][2 * r + e] = p;
-          sum += p;
-        }
-      l[r] = l[r] * alpha + sum;
+    for (int nt = 0; nt < kSTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    // The row's four threads (a quad: lanes 4g .. 4g+3) hold disjoint columns: combine them.
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // A row with every score masked so far keeps m = -inf; use 0 so that exp2(-inf - 0) = 0, not NaN.
+    const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
+    const float alpha = ptx::exp2_approx(m[r] * scale_log2 - m_scaled);
+    m[r] = mx;
+    float sum = 0.0f;
 #pragma unroll
-      for (int nd = 0; nd < kOTiles; ++nd) {
-        o[nd][2 * r] *= alpha;
-        o[nd][2 * r + 1] *= alpha;
+    for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = ptx::exp2_approx(fmaf(s[nt][2 * r + e], scale_log2, -m_scaled));
+        s[nt][2 * r + e] = p;
+        sum += p;
       }
+    l[r] = l[r] * alpha + sum;
+    return alpha;
+  }
+  __device__ __forceinline__ void rescale_row(float (&o)[kOTiles][4], int r, float alpha) {
+#pragma unroll
+    for (int nd = 0; nd < kOTiles; ++nd) {
+      o[nd][2 * r] *= alpha;
+      o[nd][2 * r + 1] *= alpha;
     }
   }
 

@@ -83,8 +83,8 @@ std::function<void()> prepare_config(const Problem& p, const std::string& name, 
 // writes fails the check.
 class BackwardRunner final : public GpuRunner {
  public:
-  BackwardRunner(const Problem& p, const Inputs& in, const std::string& variant)
-      : GpuRunner(p, in), forward_(step4::make_forward(p, params_, split_variant(variant).second)) {
+  BackwardRunner(const Problem& p, const Inputs& in, const std::string& variant, const ForwardFactory& forward)
+      : GpuRunner(p, in), forward_(forward(p, params_, split_variant(variant).second)) {
     if (in.dout.size() != in.q.size()) return;  // a forward-only run (no --backward): no dO to set up
     const size_t bytes = size_t(dtype_bytes(p.dtype));
     do_ = upload(in.dout, p.dtype);
@@ -154,6 +154,11 @@ class BackwardRunner final : public GpuRunner {
 
 }  // namespace
 
+std::unique_ptr<Runner> make_runner(const Problem& p, const Inputs& in, const std::string& variant,
+                                    const ForwardFactory& forward) {
+  return std::make_unique<BackwardRunner>(p, in, variant, forward);
+}
+
 Stage stage() {
   Stage s;
   s.name = "step5_backward";
@@ -195,7 +200,7 @@ Stage stage() {
     return std::string();
   };
   s.make = [](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
-    return std::make_unique<BackwardRunner>(p, in, v);
+    return make_runner(p, in, v, step4::make_forward);
   };
   return s;
 }

@@ -18,10 +18,11 @@ What is done with each:
            suite: instead, `ctest -N -R REGEX` in BUILD_DIR must select at least one test.
   skip     with the reason, counted:
            build      any other ./run.sh, ctest or cmake line (the tree is built already);
-           GPU        it names a GPU program (step3_ to step6_, fa_gpu_tests, tests/run_gpu.sh, mma_peak,
+           GPU        it names a GPU program (step3_ to step7_, fa_gpu_tests, tests/run_gpu.sh, mma_peak,
                       docs/bench/sweep.py and mods_bench.py, configs.sh or ab_builds.py, the tour's --tuned rows,
                       compute-sanitizer, ncu, nsys, cuobjdump), or its test regex names GPU tests
-                      (step3 to step6, Gpu) and BUILD_DIR has no GPU tests;
+                      (step3 to step7, Gpu) and BUILD_DIR has no GPU tests, or names step 7 and
+                      BUILD_DIR has no step 7 (built only when 90 is among the CUDA architectures);
            template   it stands for a command to adapt: <gpu>, "...", or a name in capitals (OLD_BUILD).
 Fails, with the file and line of each, when a command exits with another status or runs out of time,
 or a test regex selects nothing.
@@ -45,9 +46,10 @@ COMMAND_START = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*"
 SHELL_FENCES = {"", "sh", "bash", "shell"}
 INLINE_TEST_RUN = re.compile(r"`(\./run\.sh test -R [^`]+)`")
 
-GPU_PROGRAM = re.compile(r"\bstep[3-6]_|fa_gpu_tests|run_gpu\.sh|mma_peak|sweep\.py|mods_bench\.py|configs\.sh|ab_builds\.py"
+GPU_PROGRAM = re.compile(r"\bstep[3-7]_|fa_gpu_tests|run_gpu\.sh|mma_peak|sweep\.py|mods_bench\.py|configs\.sh|ab_builds\.py"
                          r"|flashattention_tour\b.*--tuned|compute-sanitizer|\bncu\b|\bnsys\b|cuobjdump")
-GPU_TESTS = re.compile(r"(?i)step[3-6]|gpu")
+GPU_TESTS = re.compile(r"(?i)step[3-7]|gpu")
+STEP7_TESTS = re.compile(r"(?i)step7")
 TEMPLATE = re.compile(r"<[\w-]+>|\.\.\.|(?<![\w$./-])[A-Z][A-Z0-9_]{2,}(?![\w.=/])")
 
 
@@ -120,7 +122,7 @@ def has_plot_modules(python, _known={}):
     return _known[python]
 
 
-def classify(command, has_gpu_tests):
+def classify(command, has_gpu_tests, has_step7):
     """("run", expected status) | ("list", regex) | ("skip", reason)."""
     cmd, comment = split_comment(command)
     words = shlex.split(cmd)
@@ -131,7 +133,8 @@ def classify(command, has_gpu_tests):
         regex = test_regex(args) if runs_tests else None
         if regex is None:
             return "skip", "build"
-        if GPU_TESTS.search(regex) and not has_gpu_tests:
+        # step 7's tests exist only in a build with 90 among the CUDA architectures
+        if (GPU_TESTS.search(regex) and not has_gpu_tests) or (STEP7_TESTS.search(regex) and not has_step7):
             return "skip", "GPU"
         return "list", regex
     if GPU_PROGRAM.search(cmd):
@@ -193,6 +196,7 @@ def main():
     a = ap.parse_args()
     build_dir = os.path.abspath(a.build)
     has_gpu_tests = listed(build_dir, "Gpu") > 0
+    has_step7 = listed(build_dir, "[Ss]tep7") > 0
 
     scratch = None if a.list else scratch_tree(build_dir)
     failures, done, skipped = [], {"run": 0, "list": 0}, {}
@@ -201,7 +205,7 @@ def main():
         for doc in documents():
             for no, command in commands(doc):
                 where = f"{doc}:{no}"
-                what, arg = classify(command, has_gpu_tests)
+                what, arg = classify(command, has_gpu_tests, has_step7)
                 if what == "skip":
                     skipped[arg] = skipped.get(arg, 0) + 1
                     print(f"skip ({arg}) {where}: {command}")

@@ -115,12 +115,14 @@ inline std::vector<std::string> stage_variants(const std::function<bool(const St
   return v;
 }
 
-// The stage and variant of "stage:variant", or the reason to skip ("" when the case can run).
+// The stage and variant of "stage:variant", or the reason to skip ("" when the case can run). The stage's
+// own platform says whether it can run here: step 7 needs a Hopper GPU where steps 3 to 6 run on either.
 inline std::string resolve(const std::string& stage_variant, const Problem& p, const Stage*& s, std::string& variant) {
-  if (std::string why = gpu_unavailable_reason(); !why.empty()) return why;
   const size_t colon = stage_variant.find(':');
   s = &find_stage(stage_variant.substr(0, colon));
   variant = colon == std::string::npos ? "" : stage_variant.substr(colon + 1);
+  if (s->gpu())
+    if (std::string why = s->platform->unavailable_reason(); !why.empty()) return why;
   if (std::string why = s->unsupported(p, variant); !why.empty())
     return stage_variant + " does not support this case: " + why;
   return "";

@@ -236,8 +236,8 @@ TEST(Refusals, ScoreModifiersOnStep2) {
       });
 }
 
-// A stage that does not declare has_score_mods (every stage of the course does now) refuses the four flags,
-// named as given, before anything runs, and says which stages have them.
+// A stage that does not declare has_score_mods (step 7; steps 1 to 6 do) refuses the four flags, named as
+// given, before anything runs, and says which stages have them.
 TEST(Refusals, ScoreModifiersOnAStageWithoutThem) {
   bool made = false;
   Stage s;
@@ -248,8 +248,8 @@ TEST(Refusals, ScoreModifiersOnAStageWithoutThem) {
     throw std::runtime_error("reached make()");
   };
   expect_refused(run_main(s, {"--seq", "8", "--softcap", "5", "--window", "2,0"}),
-                 "plain_stage has no score modifiers (--window, --softcap): every stage of the course has them, "
-                 "steps 1 to 6 (step 4 in its 4d and 4e configurations)",
+                 "plain_stage has no score modifiers (--window, --softcap): steps 1 to 6 have them (step 4 in "
+                 "its 4d and 4e configurations)",
                  "--softcap --window");
   expect_refused(run_main(s, {"--seq", "8", "--alibi"}), "plain_stage has no score modifiers (--alibi): ", "--alibi");
   EXPECT_FALSE(made) << "a refused run reached make()";

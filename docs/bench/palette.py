@@ -15,6 +15,7 @@ STAGE_COLORS = {
     "step4_fused_pipelined": "#ff7f0e",  # orange
     "step5_backward": "#2ca02c",         # green
     "step6_autotune": "#9467bd",         # purple
+    "step7_hopper_wgmma": "#e377c2",     # pink
 }
 OTHER_STAGE_COLOR = "#17becf"            # cyan: a stage this table does not know yet
 
@@ -27,13 +28,17 @@ PEERS = {
 CEILING_COLOR = "firebrick"
 
 # A variant that is not its stage's default keeps the stage's colour and gets its own line and marker.
-# Step 4's sub-steps go from pale to full orange; 4d, the default kernel, is the stage's own line.
+# Step 4's sub-steps go from pale to full orange; 4d, the default kernel, is the stage's own line. Step 7's
+# go the same way in pink; 7c, its last, is the stage's own line.
 VARIANT_LINES = {
     "atomic": dict(linestyle="-.", marker="D"),
     "4a-padded": dict(linestyle=":", marker="v", color="#fdae6b"),
     "4b-swizzle": dict(linestyle=":", marker="^", color="#fd8d3c"),
     "4c-cp-async": dict(linestyle="--", marker="s", color="#d94801"),
     "4d-tma": dict(linestyle="-", marker="o"),
+    "7a-wgmma": dict(linestyle=":", marker="v", color="#f1b6da"),
+    "7b-specialized": dict(linestyle="--", marker="s", color="#c51b7d"),
+    "7c-pingpong": dict(linestyle="-", marker="o"),
 }
 
 # Step 6 runs step 4's forward and step 5's backward kernels; its "default" variant is those stages in

@@ -13,9 +13,14 @@ docs/bench/plot.py turns into plots and tables. The core needs only the Python s
     python3 docs/bench/sweep.py --stages --out X.json --append # add the peers to X.json (split runs)
     python3 docs/bench/sweep.py --stages step6_autotune --against default --no-peers
                                   # tuned vs default, timed in alternating rounds inside every point
+    python3 docs/bench/sweep.py --stages step7_hopper_wgmma:7a-wgmma step7_hopper_wgmma:7b-specialized \
+        step7_hopper_wgmma:7c-pingpong --no-peers          # step 7's sub-steps, one line each in the plots
 
 Without a usable GPU (asked of the build's flashattention_tour --gpu-status before the first point), it
-stops at once with one line saying why, and exit code 1.
+stops at once with one line saying why, and exit code 1. Without --stages it runs every GPU stage the build
+has, and says which it leaves out: one not built (step 7 is built only for sm_90) or one that cannot run on
+this GPU (step 7 on anything but a Hopper), with the stage's reason. A stage named with --stages that
+cannot run here stops the sweep with that reason.
 
 FLOPs (docs/conventions.md): forward 4*B*Hq*N*N*d, halved when causal; backward 2.5x the forward.
 
@@ -56,7 +61,7 @@ import sys
 import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-GPU_STAGES = ["step3_naive_kernel", "step4_fused_pipelined", "step5_backward", "step6_autotune"]
+GPU_STAGES = ["step3_naive_kernel", "step4_fused_pipelined", "step5_backward", "step6_autotune", "step7_hopper_wgmma"]
 SEQS, QUICK_SEQS, DIMS = [512, 1024, 2048, 4096, 8192, 16384], [1024, 4096], [64, 128]
 TOKENS, WIDTH = 16384, 2048  # B*N and Hq*d
 
@@ -148,6 +153,21 @@ def has_backward(exe, variant, timeout):
     if "has no variant" in r.stderr:
         sys.exit("sweep.py: " + last_error_line(r.stderr))
     return "has no backward pass" not in r.stderr
+
+
+def unavailable(exe, variant, timeout):
+    """Why the stage cannot run on this GPU, or "": a stage with needs of its own (step 7: a Hopper GPU) is
+    refused by the harness before any work, with its reason; on a GPU it can use, this runs a tiny forward
+    (untuned: step 6 would otherwise tune, and cache, this problem)."""
+    cmd = [exe, "--batch", "1", "--heads", "1", "--seq", "16", "--dim", "64"]
+    cmd += ["--variant", variant] if variant else []
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env=dict(os.environ, DISABLE_AUTOTUNE="1"))
+    except subprocess.TimeoutExpired:
+        return ""
+    m = re.search(r"needs a CUDA GPU: (.+)", r.stderr)  # harness/cli.cpp: run_stage
+    return m[1].strip() if m else ""
 
 
 def check_stage_flags(exe, variant, flags, dim, timeout):
@@ -523,12 +543,21 @@ def main():
         require_gpu(build)
     impls = []  # (name, variant, exe, backward)
     default = DECODE_STAGES if a.decode else GPU_STAGES
-    specs = a.stages if a.stages is not None else [n for n in default if os.path.exists(stage_exe(build, n))]
+    specs = a.stages if a.stages is not None else default
     for spec in specs:
         name, _, variant = spec.partition(":")
         exe = stage_exe(build, name)
         if not os.path.exists(exe):
+            if a.stages is None:  # every stage the build has: step 7 is built only for sm_90
+                print(f"sweep: {name} left out: not in this build ({exe} does not exist)", flush=True)
+                continue
             sys.exit(f"sweep.py: {exe} does not exist (build it, or fix --build/--stages)")
+        why = unavailable(exe, variant, a.timeout)
+        if why and a.stages is None:
+            print(f"sweep: {name} left out: {why}", flush=True)
+            continue
+        if why:
+            sys.exit(f"sweep.py: {name} cannot run here: {why}")
         if stage_flags:
             check_stage_flags(exe, variant, stage_flags, a.dims[0], a.timeout)
         impls.append((name, variant, exe, not a.decode and has_backward(exe, variant, a.timeout)))

@@ -1,0 +1,124 @@
+// FlashAttention, step by step — step 7b: warp specialization (step7_hopper_wgmma/kernel_7b_warp_specialized.cuh)
+//
+// What it adds over 7a: the warps split into roles. Warpgroup 0 is the producer: one of its threads issues
+// every TMA copy, the rest idle; warpgroups 1 and 2 are the consumers, 64 query rows each, and never copy.
+// The idea (FlashAttention-3, section 3.1, "producer-consumer asynchrony through warp specialization"):
+//  - in 7a the thread that refills the ring is a consumer, so a refill waits for that thread's own softmax
+//    and its math waits for the refill; a producer of its own issues each copy the moment a slot is free;
+//  - the producer needs almost no registers, the consumers need many (S, P and O fragments): setmaxnreg
+//    moves them. The block starts with 65536 / 384 = 168 per thread (__launch_bounds__); the producer drops to
+//    24, each consumer rises to 240 (kernel_traits.h), so the consumers hold their fragments without spilling.
+// The ring protocol is 4d's (ring.cuh): full barriers signalled by TMA, empty barriers by the 8 consumer
+// warps; only who waits on "empty" changes (the producer, in its own loop, instead of thread 0 mid-iteration).
+// Limits: as 7a.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "gpu/gpu_runner.h"
+#include "gpu/ptx.h"
+#include "step4_fused_pipelined/epilogue.cuh"
+#include "step4_fused_pipelined/fragments.cuh"
+#include "step4_fused_pipelined/mask.h"
+#include "step4_fused_pipelined/ring.cuh"
+#include "step4_fused_pipelined/scheduler.cuh"
+#include "step4_fused_pipelined/softmax.h"
+#include "step7_hopper_wgmma/kernel_traits.h"
+#include "step7_hopper_wgmma/wgmma.cuh"
+
+namespace fa::step7 {
+
+// The producer's loop, run by one thread: Q, then K and V tile n into slot n % kStages as soon as the 8
+// consumer warps have released that slot's previous tile (n - kStages). Shared by 7b and 7c.
+template <class Tr>
+__device__ __forceinline__ void produce(Smem<Tr>& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                        const CUtensorMap* tm_v, const step4::QueryTileWork& w) {
+  constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
+  const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
+  ptx::mbar_arrive_expect_tx(&sm.q_full, uint32_t(Tr::kQBytes));
+#pragma unroll
+  for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.q + c * Br * 64, tm_q, c * 64, w.m0, w.bh, &sm.q_full);
+  for (int n = 0; n < w.n_tiles; ++n) {
+    const int s = k_ring.slot(n);
+    if (n >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(n - kStages));  // K tile n - kStages released
+    uint64_t* kbar = k_ring.expect(n, Tr::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.k[s] + c * Bc * 64, tm_k, c * 64, n * Bc, w.bh_kv, kbar);
+    if (n >= kStages) ptx::mbar_wait(&sm.v_empty[s], v_ring.parity(n - kStages));  // V tile n - kStages released
+    uint64_t* vbar = v_ring.expect(n, Tr::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.v[s] + c * Bc * 64, tm_v, c * 64, n * Bc, w.bh_kv, vbar);
+  }
+}
+
+// grid = ceil(Nq / Br) * Hq * B blocks, block = 384 threads (producer + two consumer warpgroups).
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    forward_7b(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const AttnParams p) {
+  using T = typename Tr::T;
+  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
+  constexpr int kSTiles = Bc / 8, kOTiles = D / 8;
+
+  extern __shared__ uint8_t smem_raw[];
+  Smem<Tr>& sm = *reinterpret_cast<Smem<Tr>*>(step4::align_1024(smem_raw));
+  const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
+  const int wg = threadIdx.x / 128;
+  const step4::QueryTileWork w(p, Br, Bc);
+
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(&sm.q_full, 1);
+    k_ring.init(Tr::kConsumerWarps);
+    v_ring.init(Tr::kConsumerWarps);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them (the last
+                    // block-wide barrier: the roles part here, and the producer's idle threads may exit)
+
+  if (wg == 0) {  // ---- the producer warpgroup ---------------------------------------------------------
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w);
+    return;
+  }
+
+  // ---- the consumer warpgroups: 7a's loop body, without the refill ------------------------------------
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int warp = threadIdx.x / 32 - 4;  // among the consumer warps: owns tile rows 16 warp .. + 15
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const uint32_t q_rows = ptx::smem_u32(sm.q) + (wg - 1) * 64 * 128;
+  ptx::mbar_wait(&sm.q_full, 0);
+
+  float o[kOTiles][4] = {};
+  step4::RowSoftmax<kSTiles, kOTiles> softmax;
+  const int row_g = w.m0 + 16 * warp + g;
+  for (int n = 0; n < w.n_tiles; ++n) {
+    float s[kSTiles][4];
+    k_ring.wait(n);
+    wgmma_fence();  // s was last written by the softmax: those writes come before the wgmma's
+    warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(n)]));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+    k_ring.release(n);
+
+    const int key0 = n * Bc;
+    if (step4::keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc))
+      step4::apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
+    softmax.update(s, o, p.scale_log2);
+
+    uint32_t pa[Bc / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) step4::acc_to_a<T>(pa[kk], s, kk);
+
+    v_ring.wait(n);
+    wgmma_fence();  // o (rescaled) and pa were written by ordinary instructions
+    warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(n)]));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    v_ring.release(n);
+  }
+  step4::store_o_rows<Tr>(o, softmax, sm.q, &tm_o, w.m0, w.bh, warp, p);
+}
+
+}  // namespace fa::step7

@@ -1,0 +1,141 @@
+// FlashAttention, step by step — step 7c: ping-pong and the overlapped softmax (step7_hopper_wgmma/kernel_7c_pingpong.cuh)
+//
+// What it adds over 7b: the tensor cores are kept busy while the softmax runs, in two ways
+// (FlashAttention-3, section 3.2, "intra-warpgroup and inter-warpgroup overlapping of GEMM and softmax"):
+//  - inside a warpgroup, iteration n issues S_n = Q K_n^T and O += P_{n-1} V_{n-1} together, waits only for
+//    S_n (wgmma.wait_group 1), and runs the softmax of S_n while P_{n-1} V_{n-1} is still on the tensor
+//    cores. The softmax therefore cannot rescale O in place: it returns alpha_n (softmax.h, update_rows),
+//    and O is rescaled once the product has landed (wait_group 0). P_n is packed after that, since P_{n-1}'s
+//    registers are the product's operand until then;
+//  - between the two consumer warpgroups, ping-pong: they take turns at issuing their products, ordered by
+//    two named barriers (gpu/ptx.h), so one warpgroup's softmax (exp2 on the multi-function unit) runs while
+//    the other's products occupy the tensor cores. A warpgroup waits for its turn (bar.sync on its barrier,
+//    which completes when the other warpgroup arrives), issues, and hands the turn over (bar.arrive on the
+//    other's barrier). Warpgroup 1 lets warpgroup 0 start; each takes one turn per K/V tile, so warpgroup 1
+//    hands over one turn fewer than it takes (its last would have no one to take it).
+// Per K/V tile n >= 1, in a warpgroup:   [turn] S_n = Q K_n^T, O += P_{n-1} V_{n-1}  [hand over]
+//   wait S_n -> mask, m_n, P_n, l_n, alpha_n -> wait P_{n-1} V_{n-1} -> O *= alpha_n -> pack P_n
+// and after the loop O += P_last V_last. The equations are 7a's, reordered.
+// Limits: as 7a. The producer is 7b's.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "step7_hopper_wgmma/kernel_7b_warp_specialized.cuh"
+
+namespace fa::step7 {
+
+// The turns: warpgroup cw (0 or 1) waits on barrier 1 + cw; the other arrives there. 256 threads each time.
+template <int cw>
+struct Turns {
+  __device__ static void wait() { ptx::named_barrier_sync<1 + cw, 256>(); }
+  __device__ static void hand_over() { ptx::named_barrier_arrive<2 - cw, 256>(); }
+};
+
+// One consumer warpgroup's main loop and epilogue; cw = 0 or 1 as a template argument, so that the barrier
+// ids are immediates (with run-time ids ptxas reserves all 16 barriers).
+template <class Tr, int cw>
+__device__ __forceinline__ void consume_pingpong(Smem<Tr>& sm, const CUtensorMap* tm_o, const AttnParams& p,
+                                                 const step4::QueryTileWork& w) {
+  using T = typename Tr::T;
+  using Turn = Turns<cw>;
+  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
+  constexpr int kSTiles = Bc / 8, kOTiles = D / 8;
+  const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
+  const int warp = 4 * cw + threadIdx.x / 32 % 4;  // among the consumer warps: owns tile rows 16 warp .. + 15
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const uint32_t q_rows = ptx::smem_u32(sm.q) + cw * 64 * 128;
+  const int row_g = w.m0 + 16 * warp + g;
+  const int N = w.n_tiles;
+  ptx::mbar_wait(&sm.q_full, 0);
+
+  float o[kOTiles][4] = {};
+  float s[kSTiles][4];
+  uint32_t pa[Bc / 16][4];
+  step4::RowSoftmax<kSTiles, kOTiles> softmax;
+  float alpha[2];
+  // S_n's mask (end of K, causal diagonal) and softmax; P_n stays in s until O may be touched.
+  auto softmax_of = [&](int n) {
+    const int key0 = n * Bc;
+    if (step4::keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc))
+      step4::apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
+    softmax.update_rows(s, alpha, p.scale_log2);
+  };
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) step4::acc_to_a<T>(pa[kk], s, kk);
+  };
+
+  if (cw == 1 && N > 0) ptx::named_barrier_arrive<1, 256>();  // warpgroup 0 takes the first turn
+  if (N > 0) {  // ---- tile 0: S_0 alone --------------------------------------------------------------
+    Turn::wait();
+    k_ring.wait(0);
+    wgmma_fence();
+    warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(0)]));
+    wgmma_commit();
+    if (cw == 0 || N > 1) Turn::hand_over();
+    wgmma_wait<0>();
+    fence_regs(s);
+    k_ring.release(0);
+    softmax_of(0);  // O is still zero: nothing to rescale
+    pack_p();
+  }
+  for (int n = 1; n < N; ++n) {  // ---- S_n and P_{n-1} V_{n-1} in flight together ---------------------
+    Turn::wait();
+    k_ring.wait(n);
+    v_ring.wait(n - 1);
+    wgmma_fence();  // o (rescaled) and pa (packed) were written by ordinary instructions
+    warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(n)]));
+    wgmma_commit();
+    warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(n - 1)]));
+    wgmma_commit();
+    if (cw == 0 || n < N - 1) Turn::hand_over();
+    wgmma_wait<1>();  // S_n has landed; P_{n-1} V_{n-1} may still run
+    fence_regs(s);
+    k_ring.release(n);
+    softmax_of(n);
+    wgmma_wait<0>();  // P_{n-1} V_{n-1} has landed: O and pa are ours again
+    fence_regs(o);
+    v_ring.release(n - 1);
+    softmax.rescale(o, alpha);
+    pack_p();
+  }
+  if (N > 0) {  // ---- the last P V ----------------------------------------------------------------------
+    v_ring.wait(N - 1);
+    wgmma_fence();
+    warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(N - 1)]));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    v_ring.release(N - 1);
+  }
+  step4::store_o_rows<Tr>(o, softmax, sm.q, tm_o, w.m0, w.bh, warp, p);
+}
+
+// grid = ceil(Nq / Br) * Hq * B blocks, block = 384 threads (producer + two consumer warpgroups).
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    forward_7c(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const AttnParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  Smem<Tr>& sm = *reinterpret_cast<Smem<Tr>*>(step4::align_1024(smem_raw));
+  const int wg = threadIdx.x / 128;
+  const step4::QueryTileWork w(p, Tr::Br, Tr::Bc);
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(&sm.q_full, 1);
+    step4::TmaRing<Tr::kStages>{sm.k_full, sm.k_empty}.init(Tr::kConsumerWarps);
+    step4::TmaRing<Tr::kStages>{sm.v_full, sm.v_empty}.init(Tr::kConsumerWarps);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();  // the barriers exist before anyone waits on them (the last block-wide barrier)
+  if (wg == 0) {  // the producer, 7b's
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w);
+    return;
+  }
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  if (wg == 1) consume_pingpong<Tr, 0>(sm, &tm_o, p, w);
+  else consume_pingpong<Tr, 1>(sm, &tm_o, p, w);
+}
+
+}  // namespace fa::step7

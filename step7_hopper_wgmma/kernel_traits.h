@@ -1,0 +1,74 @@
+// FlashAttention, step by step — step 7: compile-time tile configuration (step7_hopper_wgmma/kernel_traits.h)
+//
+// A configuration is named data, as in step 4 (step4_fused_pipelined/kernel_traits.h): HopperTiles says how big
+// the tiles are and which of the chapter's designs runs them; HopperTraits derives the rest. The shared memory
+// is step 4's FwdSmem (a Q tile, rings of K and V tiles, their barriers): step 7 changes who computes and who
+// copies, not what lies in shared memory.
+//   Br      query rows per block: 64 per consumer warpgroup (one m64 wgmma tile)
+//   Bc      keys per K/V tile (the n of S = Q K^T, the k of O += P V)
+//   stages  K/V tiles in shared memory at once
+//   design  7a  kWgmma        step 4d's kernel with wgmma: every warpgroup computes, thread 0 also copies
+//           7b  kSpecialized  a producer warpgroup copies, two consumer warpgroups compute (setmaxnreg)
+//           7c  kPingPong     7b, with the consumers taking turns at the tensor cores and, within each, the
+//                             next tile's Q K^T issued before this tile's softmax
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "step4_fused_pipelined/kernel_traits.h"
+
+namespace fa::step7 {
+
+enum class Design { kWgmma, kSpecialized, kPingPong };
+
+struct HopperTiles {
+  int Br = 128;
+  int Bc = 128;
+  int stages = 2;
+  Design design = Design::kPingPong;
+};
+
+// "7c-Br128-Bc128-S2": what --variant and the configuration test call it.
+inline std::string tiles_name(const HopperTiles& t) {
+  const char* label = t.design == Design::kWgmma ? "7a-" : t.design == Design::kSpecialized ? "7b-" : "7c-";
+  return label + std::string("Br") + std::to_string(t.Br) + "-Bc" + std::to_string(t.Bc) + "-S" +
+         std::to_string(t.stages);
+}
+
+template <typename T_, int D_, HopperTiles kTiles>
+struct HopperTraits {
+  using T = T_;
+  static constexpr int D = D_, Br = kTiles.Br, Bc = kTiles.Bc, kStages = kTiles.stages;
+  static constexpr Design kDesign = kTiles.design;
+  static constexpr step4::SmemLayout kLayout = step4::SmemLayout::kSwizzle;  // what TMA writes and wgmma reads
+  static constexpr int kConsumerWarpgroups = Br / 64;  // each owns 64 query rows: one m64 wgmma tile
+  static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
+  static constexpr bool kProducerWarpgroup = kDesign != Design::kWgmma;
+  static constexpr int kThreads = 128 * (kConsumerWarpgroups + (kProducerWarpgroup ? 1 : 0));
+  static constexpr int kPanels = D / 64;  // a [rows, D] tile is kPanels [rows, 64] panels of 128-byte rows
+  // setmaxnreg's split of the register file (65536 per SM, one block): the producer keeps 24 per thread, the
+  // consumers take what is left, rounded down to a multiple of 8.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / kConsumerWarpgroups / 8 * 8;
+
+  static_assert(sizeof(T) == 2, "wgmma takes bf16 or fp16 operands here");
+  static_assert(Br == 128, "two consumer warpgroups of 64 rows (the ping-pong needs exactly two)");
+  static_assert(Bc == 64 || Bc == 128 || Bc == 176, "S = Q K^T is one wgmma of n = Bc: 64, 128 or 176 (wgmma.cuh)");
+  static_assert(D == 64 || D == 128, "O += P V is one wgmma of n = D: 64 or 128 here (wgmma.cuh)");
+  static_assert(kStages >= 2 && kStages <= 3, "a ring of 2 or 3 K/V stages");
+  static_assert(kConsumerRegs <= 256, "setmaxnreg gives a thread at most 256 registers");
+  // The fragments a consumer thread holds: S (Bc/8 x 4 floats), O (D/8 x 4), P (Bc/16 x 4 registers).
+  static_assert(Bc / 2 + D / 2 + Bc / 4 + 32 <= 255, "fragments and addresses must fit 255 registers");
+
+  static constexpr size_t kQBytes = size_t(kPanels) * Br * 128;   // Q tile, later the O staging tile
+  static constexpr size_t kKVBytes = size_t(kPanels) * Bc * 128;  // one K (or V) tile
+  static std::string name() { return tiles_name(kTiles); }
+};
+
+// The shared memory: step 4's forward layout (Q tile, K and V rings, mbarriers) at these tiles.
+template <class Tr>
+using Smem = step4::FwdSmem<Tr>;
+template <class Tr>
+constexpr size_t kSmemBytes = Smem<Tr>::kBytes();
+
+}  // namespace fa::step7

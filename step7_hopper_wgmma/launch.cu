@@ -1,0 +1,125 @@
+// FlashAttention, step by step — step 7: variants, platform and runner (step7_hopper_wgmma/launch.cu)
+//
+// Variants: "auto" is the default configuration (7c, configs.h); "7a-wgmma", "7b-specialized", "7c-pingpong"
+// are the chapter's sub-steps at the default's tiles; every configuration of configs.h is a variant by name.
+// The stage runs only on an sm_90 GPU: its platform says so anywhere else, and the grids skip it with that
+// reason. --backward runs step 5's backward (deterministic) from this forward's O and LSE.
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "gpu/config_list.h"
+#include "gpu/cuda_util.h"
+#include "gpu/gpu_types.h"
+#include "gpu/platform.h"
+#include "step4_fused_pipelined/fused.h"
+#include "step5_backward/backward.h"
+#include "step7_hopper_wgmma/configs.h"
+#include "step7_hopper_wgmma/hopper.h"
+
+namespace fa::step7 {
+
+// The set-up of configuration `name` (prepare.cuh), compiled once per dtype and head dim (instances_*.cu).
+template <typename T, int D>
+std::function<void()> prepare_named(const std::string& name, const Problem& p, const AttnParams& params);
+extern template std::function<void()> prepare_named<__nv_bfloat16, 64>(const std::string&, const Problem&, const AttnParams&);
+extern template std::function<void()> prepare_named<__nv_bfloat16, 128>(const std::string&, const Problem&, const AttnParams&);
+extern template std::function<void()> prepare_named<__half, 64>(const std::string&, const Problem&, const AttnParams&);
+extern template std::function<void()> prepare_named<__half, 128>(const std::string&, const Problem&, const AttnParams&);
+
+namespace {
+
+// The CUDA platform, narrowed to the GPUs whose code step 7 carries: sm_90 (wgmma and setmaxnreg are sm_90a
+// instructions; an sm_120 card has neither).
+class HopperPlatform final : public Platform {
+ public:
+  std::string unavailable_reason() const override {
+    if (std::string why = cuda_platform().unavailable_reason(); !why.empty()) return why;
+    if (const int major = cuda_platform().compute_capability_major(); major != 9)
+      return "step 7 needs an sm_90 GPU (Hopper: wgmma, setmaxnreg); " + cuda_platform().device_name() +
+             " is sm_" + std::to_string(major) + "x";
+    return "";
+  }
+  std::string device_name() const override { return cuda_platform().device_name(); }
+  std::string runtime_version() const override { return cuda_platform().runtime_version(); }
+  int compute_capability_major() const override { return cuda_platform().compute_capability_major(); }
+  double time_ms(const std::function<void()>& work, bool cold_l2) const override {
+    return cuda_platform().time_ms(work, cold_l2);
+  }
+};
+
+const Platform& hopper_platform() {
+  static const HopperPlatform platform;
+  return platform;
+}
+
+const std::pair<const char*, Design> kSubsteps[] = {
+    {"7a-wgmma", Design::kWgmma}, {"7b-specialized", Design::kSpecialized}, {"7c-pingpong", Design::kPingPong}};
+
+template <int D>
+std::string resolve(const std::string& variant) {
+  using C = Configs<__nv_bfloat16, D>;
+  for (const auto& [name, design] : kSubsteps)
+    if (variant == name) return tiles_name(substep(C::kDefault, design));
+  if (variant == "auto") return C::Default::name();
+  return variant;
+}
+
+std::string config_of(const Problem& p, const std::string& variant, int /*cc_major: one architecture*/) {
+  return p.d == 64 ? resolve<64>(variant) : resolve<128>(variant);
+}
+
+}  // namespace
+
+std::function<void()> make_forward(const Problem& p, const AttnParams& params, const std::string& variant) {
+  const std::string name = config_of(p, variant, 9);
+  std::function<void()> f;
+  dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
+    dispatch_head_dim(int(p.d), [&](auto dim) { f = prepare_named<decltype(t), decltype(dim)::value>(name, p, params); });
+  });
+  return f;
+}
+
+Stage stage() {
+  Stage s;
+  s.name = "step7_hopper_wgmma";
+  s.title = "Hopper forward: wgmma, producer warpgroup + setmaxnreg, ping-pong consumers (sm_90a)";
+  s.platform = &hopper_platform();
+  s.has_backward = true;
+  s.backward_from = "step5_backward";
+  s.variants = {"auto", "7a-wgmma", "7b-specialized", "7c-pingpong"};
+  s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});
+  s.tuning_exclusion = [](const std::string& config) -> std::string {
+    for (const char* lesson : {"7a-", "7b-"})
+      if (config.rfind(lesson, 0) == 0) return "a sub-step of step 7's chapter, slower than 7c by design";
+    return "";
+  };
+  s.config_of = config_of;
+  s.launch_shape = [](const Problem& p, const std::string& v) {
+    Stage::LaunchShape shape;
+    with_problem_config<Configs>(p, v, "step 7", [&](auto cfg) {
+      using Tr = typename decltype(cfg)::type;
+      shape = {kSmemBytes<Tr>, Tr::kThreads};
+    });
+    return shape;
+  };
+  s.unsupported = [](const Problem& p, const std::string& v) -> std::string {
+    if (std::string why = step4::unsupported(p); !why.empty()) return why;  // d, dtype, scale: as step 4
+    if (p.dropout > 0) return "dropout (step 7's forward, like FlashAttention 3's, has none: use step 4 or 5)";
+    if (p.has_score_mods()) return "score modifiers (bias, ALiBi, window, softcap): step 7's kernels have none";
+    try {
+      with_problem_config<Configs>(p, config_of(p, v, 9), "step 7", [](auto) {});
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  s.make = [](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
+    // Step 5's runner: this stage's forward (the part after "/fwd="), and with --backward step 5's backward.
+    return step5::make_runner(p, in, step5::with_forward("deterministic", v), make_forward);
+  };
+  return s;
+}
+
+}  // namespace fa::step7

@@ -1,0 +1,62 @@
+// FlashAttention, step by step — step 7 (Hopper only) in a training step: its forward, then the backward.
+//
+// The forward grids check step 7's kernels on their own. Its backward is step 5's (backward_from), which
+// the backward grid checks once, after step 5's own forward; here step 5's backward runs on what step 7's
+// forward saved (O, LSE), as a training step would. Each case runs one sub-step's forward, then the
+// backward, and checks O, LSE, dQ, dK and dV against step 1 in fp64 under the tolerance rule
+// (core/metrics.h). Built only with step 7 (90 among the CUDA architectures); on a GPU that is not a
+// Hopper, every case is skipped with step 7's reason.
+#include <algorithm>
+
+#include "gpu_grid.h"
+
+namespace fa::grid {
+namespace {
+
+const char* const kStage = "step7_hopper_wgmma";
+const std::vector<std::string> kSubsteps = {"7a-wgmma", "7b-specialized", "7c-pingpong"};
+
+using Param = std::tuple<std::string, int64_t, bool>;  // variant, head dim, causal
+
+class GpuStep7Training : public ::testing::TestWithParam<Param> {};
+
+TEST_P(GpuStep7Training, MatchesReference) {
+  const auto& [substep, d, causal] = GetParam();
+  // GQA 2 and tails (300 rows and keys: no multiple of a tile), bf16, the default input_pos.
+  const Problem p = to_problem({2, 4, 2, 300, 300, d, causal, kDefaultPos, DType::bf16, 0.0f}, /*backward=*/true);
+  if (const std::string why = find_stage(kStage).platform->unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  const Stage* s = nullptr;
+  std::string variant;
+  // On a Hopper GPU the stage runs every case of this suite: a refusal is a failure, not a skip.
+  ASSERT_EQ(resolve(std::string(kStage) + ":" + substep, p, s, variant), "");
+
+  const Inputs in = random_inputs(p);
+  auto runner = s->make(p, in, variant);
+  runner->run();
+  runner->run_backward();
+  const CheckReport r = check_against_reference(p, in, runner->outputs());
+  ASSERT_EQ(r.n, 5);
+  expect_pass(r);
+}
+
+INSTANTIATE_TEST_SUITE_P(Step7, GpuStep7Training,
+                         ::testing::Combine(::testing::ValuesIn(kSubsteps), ::testing::Values(int64_t{64}, int64_t{128}),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return param_name(std::get<0>(info.param) + "_d" + std::to_string(std::get<1>(info.param)) +
+                                             (std::get<2>(info.param) ? "_causal" : ""));
+                         });
+
+// What the suite above relies on, host-side (it runs without a GPU): the chapter's sub-steps are variants,
+// in order, and the backward is step 5's.
+TEST(Step7Stage, SubstepsAreVariantsAndTheBackwardIsStep5s) {
+  const Stage& s = find_stage(kStage);
+  EXPECT_NE(std::search(s.variants.begin(), s.variants.end(), kSubsteps.begin(), kSubsteps.end()), s.variants.end())
+      << "step 7's variants list the sub-steps in order";
+  EXPECT_TRUE(s.gpu());
+  EXPECT_TRUE(s.has_backward);
+  EXPECT_EQ(s.backward_from, "step5_backward");
+}
+
+}  // namespace
+}  // namespace fa::grid
