@@ -24,15 +24,17 @@ struct QueryTileWork {
   int n_tiles;          // K/V tiles of Bc keys the tile's rows see, from n_begin on
 
   // window: the score modifiers of a kernel compiled with them (score_mod.cuh), whose window may cut both
-  // ends; the plain kernels pass none.
+  // ends; the plain kernels pass none. tile: the block's tile, blockIdx.x unless the block visits several
+  // (step 7d's persistent blocks).
   __device__ QueryTileWork(const AttnParams& p, int Br, int Bc, TileOrder order = TileOrder::kTileFast,
-                           const ScoreMod* window = nullptr) {
+                           const ScoreMod* window = nullptr, int tile = -1) {
+    const unsigned idx = tile < 0 ? blockIdx.x : unsigned(tile);  // unsigned, as blockIdx.x: u32 division
     const int num_m = (p.Nq + Br - 1) / Br;
-    int m_block = blockIdx.x % num_m;
-    bh = blockIdx.x / num_m;
+    int m_block = idx % num_m;
+    bh = idx / num_m;
     if (order == TileOrder::kHeadFast) {
-      m_block = blockIdx.x / (p.B * p.Hq);
-      bh = blockIdx.x % (p.B * p.Hq);
+      m_block = idx / (p.B * p.Hq);
+      bh = idx % (p.B * p.Hq);
     }
     if (p.causal) m_block = num_m - 1 - m_block;
     h = bh % p.Hq;

@@ -23,7 +23,10 @@ struct Configs {
   using All = ConfigList<Fwd<substep(kDefault, Design::kWgmma)>, Fwd<substep(kDefault, Design::kSpecialized)>, Default,
                          Fwd<HopperTiles{.Br = 128, .Bc = 64, .stages = 2}>,   //
                          Fwd<HopperTiles{.Br = 128, .Bc = 128, .stages = 3}>,  //
-                         Fwd<HopperTiles{.Br = 128, .Bc = 176, .stages = 2}>>;
+                         Fwd<HopperTiles{.Br = 128, .Bc = 176, .stages = 2}>,  //
+                         Fwd<substep(kDefault, Design::kPersistent)>>;
+  static_assert(kSmemBytes<Fwd<substep(kDefault, Design::kPersistent)>> <= 227 * 1024,
+                "7d's extra O tile must fit beside the default's Q tile and K/V ring");
   static_assert(kSmemBytes<Fwd<HopperTiles{.Br = 128, .Bc = 128, .stages = 3}>> <= 227 * 1024,
                 "every configuration fits the H100's 227 KB of shared memory per block");
 };

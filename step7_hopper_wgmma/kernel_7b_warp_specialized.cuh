@@ -29,23 +29,24 @@
 namespace fa::step7 {
 
 // The producer's loop, run by one thread: Q, then K and V tile n into slot n % kStages as soon as the 8
-// consumer warps have released that slot's previous tile (n - kStages). Shared by 7b and 7c.
-template <class Tr>
-__device__ __forceinline__ void produce(Smem<Tr>& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                        const CUtensorMap* tm_v, const step4::QueryTileWork& w) {
+// consumer warps have released that slot's previous tile (n - kStages). Shared by 7b, 7c and 7d; 7d's blocks
+// visit several query tiles, and `it0` counts the K/V tiles their ring carried before this one.
+template <class Tr, class S>
+__device__ __forceinline__ void produce(S& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                        const CUtensorMap* tm_v, const step4::QueryTileWork& w, int it0 = 0) {
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
   ptx::mbar_arrive_expect_tx(&sm.q_full, uint32_t(Tr::kQBytes));
 #pragma unroll
   for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.q + c * Br * 64, tm_q, c * 64, w.m0, w.bh, &sm.q_full);
   for (int n = 0; n < w.n_tiles; ++n) {
-    const int s = k_ring.slot(n);
-    if (n >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(n - kStages));  // K tile n - kStages released
-    uint64_t* kbar = k_ring.expect(n, Tr::kKVBytes);
+    const int i = it0 + n, s = k_ring.slot(i);  // the ring's i-th use
+    if (i >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(i - kStages));  // use i - kStages released
+    uint64_t* kbar = k_ring.expect(i, Tr::kKVBytes);
 #pragma unroll
     for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.k[s] + c * Bc * 64, tm_k, c * 64, n * Bc, w.bh_kv, kbar);
-    if (n >= kStages) ptx::mbar_wait(&sm.v_empty[s], v_ring.parity(n - kStages));  // V tile n - kStages released
-    uint64_t* vbar = v_ring.expect(n, Tr::kKVBytes);
+    if (i >= kStages) ptx::mbar_wait(&sm.v_empty[s], v_ring.parity(i - kStages));
+    uint64_t* vbar = v_ring.expect(i, Tr::kKVBytes);
 #pragma unroll
     for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.v[s] + c * Bc * 64, tm_v, c * 64, n * Bc, w.bh_kv, vbar);
   }

@@ -32,11 +32,20 @@ struct Turns {
   __device__ static void hand_over() { ptx::named_barrier_arrive<2 - cw, 256>(); }
 };
 
+// Where a query tile's data lives for the consumers: 7c's block has one tile, 7d's persistent block many.
+struct TileSlots {
+  int it0 = 0;                 // K/V tiles the ring carried before this query tile (the ring's use index)
+  uint32_t q_parity = 0;       // the phase of q_full that brings this tile's Q
+  uint64_t* q_empty = nullptr; // 7d: every consumer warp arrives once its products are done with Q
+};
+
 // One consumer warpgroup's main loop and epilogue; cw = 0 or 1 as a template argument, so that the barrier
-// ids are immediates (with run-time ids ptxas reserves all 16 barriers).
-template <class Tr, int cw>
-__device__ __forceinline__ void consume_pingpong(Smem<Tr>& sm, const CUtensorMap* tm_o, const AttnParams& p,
-                                                 const step4::QueryTileWork& w) {
+// ids are immediates (with run-time ids ptxas reserves all 16 barriers). sO: where the epilogue stages O
+// (7c: over Q; 7d: a buffer of its own, so that the next tile's Q can land meanwhile).
+template <class Tr, int cw, class S>
+__device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o, const AttnParams& p,
+                                                 const step4::QueryTileWork& w, typename Tr::T* sO,
+                                                 const TileSlots& at = {}) {
   using T = typename Tr::T;
   using Turn = Turns<cw>;
   constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
@@ -46,8 +55,8 @@ __device__ __forceinline__ void consume_pingpong(Smem<Tr>& sm, const CUtensorMap
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const uint32_t q_rows = ptx::smem_u32(sm.q) + cw * 64 * 128;
   const int row_g = w.m0 + 16 * warp + g;
-  const int N = w.n_tiles;
-  ptx::mbar_wait(&sm.q_full, 0);
+  const int N = w.n_tiles, i0 = at.it0;  // K/V tile n is the ring's use i0 + n
+  ptx::mbar_wait(&sm.q_full, at.q_parity);
 
   float o[kOTiles][4] = {};
   float s[kSTiles][4];
@@ -69,47 +78,51 @@ __device__ __forceinline__ void consume_pingpong(Smem<Tr>& sm, const CUtensorMap
   if (cw == 1 && N > 0) ptx::named_barrier_arrive<1, 256>();  // warpgroup 0 takes the first turn
   if (N > 0) {  // ---- tile 0: S_0 alone --------------------------------------------------------------
     Turn::wait();
-    k_ring.wait(0);
+    k_ring.wait(i0);
     wgmma_fence();
-    warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(0)]));
+    warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(i0)]));
     wgmma_commit();
     if (cw == 0 || N > 1) Turn::hand_over();
     wgmma_wait<0>();
     fence_regs(s);
-    k_ring.release(0);
+    k_ring.release(i0);
     softmax_of(0);  // O is still zero: nothing to rescale
     pack_p();
   }
   for (int n = 1; n < N; ++n) {  // ---- S_n and P_{n-1} V_{n-1} in flight together ---------------------
     Turn::wait();
-    k_ring.wait(n);
-    v_ring.wait(n - 1);
+    k_ring.wait(i0 + n);
+    v_ring.wait(i0 + n - 1);
     wgmma_fence();  // o (rescaled) and pa (packed) were written by ordinary instructions
-    warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(n)]));
+    warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(i0 + n)]));
     wgmma_commit();
-    warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(n - 1)]));
+    warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(i0 + n - 1)]));
     wgmma_commit();
     if (cw == 0 || n < N - 1) Turn::hand_over();
     wgmma_wait<1>();  // S_n has landed; P_{n-1} V_{n-1} may still run
     fence_regs(s);
-    k_ring.release(n);
+    k_ring.release(i0 + n);
     softmax_of(n);
     wgmma_wait<0>();  // P_{n-1} V_{n-1} has landed: O and pa are ours again
     fence_regs(o);
-    v_ring.release(n - 1);
+    v_ring.release(i0 + n - 1);
     softmax.rescale(o, alpha);
     pack_p();
   }
   if (N > 0) {  // ---- the last P V ----------------------------------------------------------------------
-    v_ring.wait(N - 1);
+    v_ring.wait(i0 + N - 1);
     wgmma_fence();
-    warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(N - 1)]));
+    warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(i0 + N - 1)]));
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(o);
-    v_ring.release(N - 1);
+    v_ring.release(i0 + N - 1);
   }
-  step4::store_o_rows<Tr>(o, softmax, sm.q, tm_o, w.m0, w.bh, warp, p);
+  if (at.q_empty) {  // 7d: this warp's products are done with Q (wait_group 0 above): the next tile's may land
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(at.q_empty);
+  }
+  step4::store_o_rows<Tr>(o, softmax, sO, tm_o, w.m0, w.bh, warp, p);
 }
 
 // grid = ceil(Nq / Br) * Hq * B blocks, block = 384 threads (producer + two consumer warpgroups).
@@ -134,8 +147,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return;
   }
   setmaxnreg_inc<Tr::kConsumerRegs>();
-  if (wg == 1) consume_pingpong<Tr, 0>(sm, &tm_o, p, w);
-  else consume_pingpong<Tr, 1>(sm, &tm_o, p, w);
+  if (wg == 1) consume_pingpong<Tr, 0>(sm, &tm_o, p, w, sm.q);
+  else consume_pingpong<Tr, 1>(sm, &tm_o, p, w, sm.q);
 }
 
 }  // namespace fa::step7

@@ -11,15 +11,18 @@
 //           7b  kSpecialized  a producer warpgroup copies, two consumer warpgroups compute (setmaxnreg)
 //           7c  kPingPong     7b, with the consumers taking turns at the tensor cores and, within each, the
 //                             next tile's Q K^T issued before this tile's softmax
+//           7d  kPersistent   7c in blocks that stay resident, one per SM, and visit query tile after tile:
+//                             the next tile's Q and K/V load while this tile's O is stored
 #pragma once
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 #include "step4_fused_pipelined/kernel_traits.h"
 
 namespace fa::step7 {
 
-enum class Design { kWgmma, kSpecialized, kPingPong };
+enum class Design { kWgmma, kSpecialized, kPingPong, kPersistent };
 
 struct HopperTiles {
   int Br = 128;
@@ -30,7 +33,10 @@ struct HopperTiles {
 
 // "7c-Br128-Bc128-S2": what --variant and the configuration test call it.
 inline std::string tiles_name(const HopperTiles& t) {
-  const char* label = t.design == Design::kWgmma ? "7a-" : t.design == Design::kSpecialized ? "7b-" : "7c-";
+  const char* label = t.design == Design::kWgmma         ? "7a-"
+                      : t.design == Design::kSpecialized ? "7b-"
+                      : t.design == Design::kPingPong    ? "7c-"
+                                                         : "7d-";
   return label + std::string("Br") + std::to_string(t.Br) + "-Bc" + std::to_string(t.Bc) + "-S" +
          std::to_string(t.stages);
 }
@@ -65,9 +71,25 @@ struct HopperTraits {
   static std::string name() { return tiles_name(kTiles); }
 };
 
-// The shared memory: step 4's forward layout (Q tile, K and V rings, mbarriers) at these tiles.
+// 7d's shared memory: step 4's, plus a tile of its own to stage O in (the Q tile is being refilled with the
+// next tile's Q meanwhile) and the barrier that says the consumers are done with Q.
 template <class Tr>
-using Smem = step4::FwdSmem<Tr>;
+struct PersistentSmem {
+  using T = typename Tr::T;
+  T q[Tr::Br * Tr::D];               // [kPanels][Br, 64]
+  T o[Tr::Br * Tr::D];               // [kPanels][Br, 64]  each warp stages its O rows here
+  T k[Tr::kStages][Tr::Bc * Tr::D];  // [kStages][kPanels][Bc, 64]  the K ring
+  T v[Tr::kStages][Tr::Bc * Tr::D];  // the V ring
+  uint64_t q_full, q_empty;          // Q tile landed; every consumer warp is done with it
+  uint64_t k_full[Tr::kStages], v_full[Tr::kStages];
+  uint64_t k_empty[Tr::kStages], v_empty[Tr::kStages];
+
+  static constexpr size_t kBytes() { return step4::kSmemAlignSlack + sizeof(PersistentSmem); }
+};
+
+// The shared memory: step 4's forward layout (Q tile, K and V rings, mbarriers) at these tiles; 7d's above.
+template <class Tr>
+using Smem = std::conditional_t<Tr::kDesign == Design::kPersistent, PersistentSmem<Tr>, step4::FwdSmem<Tr>>;
 template <class Tr>
 constexpr size_t kSmemBytes = Smem<Tr>::kBytes();
 

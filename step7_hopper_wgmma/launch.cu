@@ -1,7 +1,7 @@
 // FlashAttention, step by step — step 7: variants, platform and runner (step7_hopper_wgmma/launch.cu)
 //
-// Variants: "auto" is the default configuration (7c, configs.h); "7a-wgmma", "7b-specialized", "7c-pingpong"
-// are the chapter's sub-steps at the default's tiles; every configuration of configs.h is a variant by name.
+// Variants: "auto" is the default configuration (configs.h); "7a-wgmma", "7b-specialized", "7c-pingpong",
+// "7d-persistent" are the chapter's sub-steps at the default's tiles; every configuration of configs.h is a variant by name.
 // The stage runs only on an sm_90 GPU: its platform says so anywhere else, and the grids skip it with that
 // reason. --backward runs step 5's backward (deterministic) from this forward's O and LSE.
 #include <functional>
@@ -55,7 +55,10 @@ const Platform& hopper_platform() {
 }
 
 const std::pair<const char*, Design> kSubsteps[] = {
-    {"7a-wgmma", Design::kWgmma}, {"7b-specialized", Design::kSpecialized}, {"7c-pingpong", Design::kPingPong}};
+    {"7a-wgmma", Design::kWgmma},
+    {"7b-specialized", Design::kSpecialized},
+    {"7c-pingpong", Design::kPingPong},
+    {"7d-persistent", Design::kPersistent}};
 
 template <int D>
 std::string resolve(const std::string& variant) {
@@ -88,7 +91,7 @@ Stage stage() {
   s.platform = &hopper_platform();
   s.has_backward = true;
   s.backward_from = "step5_backward";
-  s.variants = {"auto", "7a-wgmma", "7b-specialized", "7c-pingpong"};
+  s.variants = {"auto", "7a-wgmma", "7b-specialized", "7c-pingpong", "7d-persistent"};
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});
   s.tuning_exclusion = [](const std::string& config) -> std::string {
     for (const char* lesson : {"7a-", "7b-"})

@@ -4,6 +4,7 @@
 // maps and the shared-memory opt-in done once, outside any timed region (step 4's prepare.cuh does the same).
 // instances_*.cu compile prepare_named once per dtype and head dim.
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -15,6 +16,7 @@
 #include "step7_hopper_wgmma/kernel_7a_wgmma.cuh"
 #include "step7_hopper_wgmma/kernel_7b_warp_specialized.cuh"
 #include "step7_hopper_wgmma/kernel_7c_pingpong.cuh"
+#include "step7_hopper_wgmma/kernel_7d_persistent.cuh"
 
 namespace fa::step7 {
 
@@ -23,7 +25,8 @@ template <class Tr>
 constexpr auto kernel_of() {
   if constexpr (Tr::kDesign == Design::kWgmma) return forward_7a<Tr>;
   else if constexpr (Tr::kDesign == Design::kSpecialized) return forward_7b<Tr>;
-  else return forward_7c<Tr>;
+  else if constexpr (Tr::kDesign == Design::kPingPong) return forward_7c<Tr>;
+  else return forward_7d<Tr>;
 }
 
 template <class Tr>
@@ -38,8 +41,15 @@ std::function<void()> prepare(const Problem& p, const AttnParams& params) {
   const CUtensorMap to = make_tensor_map_bhnd(params.o, p.dtype, p.B * p.Hq, p.Nq, Tr::D, 16);  // a warp's rows
   auto kernel = kernel_of<Tr>();
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+  int64_t grid = blocks;  // one block per query tile; 7d: one per SM, each visiting several tiles
+  if constexpr (Tr::kDesign == Design::kPersistent) {
+    int sms = 0, dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    grid = std::min<int64_t>(blocks, sms);
+  }
   return [=] {
-    kernel<<<unsigned(blocks), Tr::kThreads, kSmem>>>(tq, tk, tv, to, params);
+    kernel<<<unsigned(grid), Tr::kThreads, kSmem>>>(tq, tk, tv, to, params);
     CUDA_CHECK_LAUNCH();
   };
 }

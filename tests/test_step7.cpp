@@ -14,7 +14,7 @@ namespace fa::grid {
 namespace {
 
 const char* const kStage = "step7_hopper_wgmma";
-const std::vector<std::string> kSubsteps = {"7a-wgmma", "7b-specialized", "7c-pingpong"};
+const std::vector<std::string> kSubsteps = {"7a-wgmma", "7b-specialized", "7c-pingpong", "7d-persistent"};
 
 using Param = std::tuple<std::string, int64_t, bool>;  // variant, head dim, causal
 

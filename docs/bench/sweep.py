@@ -494,6 +494,8 @@ def main():
     ap.add_argument("--dims", type=int, nargs="+", choices=DIMS, default=DIMS, help="head dims (default: 64 128)")
     ap.add_argument("--check", action="store_true",
                     help="also --check every point against step 1 (slow at large N)")
+    ap.add_argument("--forward-only", action="store_true",
+                    help="time the stages' forward only (step 7's backward is step 5's: time it there)")
     ap.add_argument("--no-peers", action="store_true",
                     help="skip PyTorch SDPA even when it is available (--decode still measures its roof with PyTorch)")
     ap.add_argument("--append", action="store_true",
@@ -560,7 +562,8 @@ def main():
             sys.exit(f"sweep.py: {name} cannot run here: {why}")
         if stage_flags:
             check_stage_flags(exe, variant, stage_flags, a.dims[0], a.timeout)
-        impls.append((name, variant, exe, not a.decode and has_backward(exe, variant, a.timeout)))
+        backward = not a.decode and not a.forward_only and has_backward(exe, variant, a.timeout)
+        impls.append((name, variant, exe, backward))
     tp = None if a.no_peers else load_torch()
     peers = list(tp[1]) if tp else []
     if not impls and not peers:
