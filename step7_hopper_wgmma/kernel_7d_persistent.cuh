@@ -14,7 +14,14 @@
 //  - the phases: the ring's slot and parity come from a use count that runs over all tiles of the block
 //    (TileSlots::it0), and q_full completes once per tile (parity = tile count % 2).
 // The consumers' loop body is 7c's (consume_pingpong), the producer's 7b's (produce), per tile.
-// Limits: as 7a; the static round-robin order leaves causal tiles of unequal length unbalanced at the end.
+// The order of the tiles matters here, as the hardware no longer hands a free SM the next block: with a causal
+// mask, tile lengths differ, and a block that strides through step 4's order (the query tiles of one head
+// next to each other) can land on long tiles only, if its stride and the tiles per head share a factor. So a
+// causal problem takes the tiles longest first over all heads (step 4's head-fast order, TileOrder::kHeadFast,
+// reversed for causal): every round of blocks takes tiles of about one length. Without a mask every tile has
+// the same length and the head's tiles stay neighbours (they share its K/V in L2).
+// Limits: as 7a; the order is static (a block does not ask for the next free tile: FlashAttention-3's causal
+// scheduler does, with an atomic counter).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -32,6 +39,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   Smem<Tr>& sm = *reinterpret_cast<Smem<Tr>*>(step4::align_1024(smem_raw));
   const int wg = threadIdx.x / 128;
   const int num_tiles = (p.Nq + Tr::Br - 1) / Tr::Br * p.Hq * p.B;
+  const step4::TileOrder order = p.causal ? step4::TileOrder::kHeadFast : step4::TileOrder::kTileFast;  // see above
   if (threadIdx.x == 0) {
     ptx::mbar_init(&sm.q_full, 1);
     ptx::mbar_init(&sm.q_empty, Tr::kConsumerWarps);
@@ -46,7 +54,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (threadIdx.x != 0) return;
     int it = 0, local = 0;  // K/V tiles loaded so far, query tiles visited so far
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, ++local) {
-      const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, step4::TileOrder::kTileFast, nullptr, tile);
+      const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, order, nullptr, tile);
       if (local > 0) ptx::mbar_wait(&sm.q_empty, uint32_t(local - 1) & 1);  // the last tile's products are done with Q
       produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w, it);
       it += w.n_tiles;
@@ -58,7 +66,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   setmaxnreg_inc<Tr::kConsumerRegs>();
   int it = 0, local = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, ++local) {
-    const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, step4::TileOrder::kTileFast, nullptr, tile);
+    const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, order, nullptr, tile);
     const TileSlots at{it, uint32_t(local) & 1, &sm.q_empty};
     if (wg == 1) consume_pingpong<Tr, 0>(sm, &tm_o, p, w, sm.o, at);
     else consume_pingpong<Tr, 1>(sm, &tm_o, p, w, sm.o, at);
