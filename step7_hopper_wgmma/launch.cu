@@ -1,6 +1,6 @@
 // FlashAttention, step by step — step 7: variants, platform and runner (step7_hopper_wgmma/launch.cu)
 //
-// Variants: "auto" is the default configuration (configs.h); "7a-wgmma", "7b-specialized", "7c-pingpong",
+// Variants: "auto" is the default configuration for the problem (configs.h, choose); "7a-wgmma", "7b-specialized", "7c-pingpong",
 // "7d-persistent" are the chapter's sub-steps at the default's tiles; every configuration of configs.h is a variant by name.
 // The stage runs only on an sm_90 GPU: its platform says so anywhere else, and the grids skip it with that
 // reason. --backward runs step 5's backward (deterministic) from this forward's O and LSE.
@@ -61,16 +61,16 @@ const std::pair<const char*, Design> kSubsteps[] = {
     {"7d-persistent", Design::kPersistent}};
 
 template <int D>
-std::string resolve(const std::string& variant) {
+std::string resolve(const Problem& p, const std::string& variant) {
   using C = Configs<__nv_bfloat16, D>;
   for (const auto& [name, design] : kSubsteps)
     if (variant == name) return tiles_name(substep(C::kDefault, design));
-  if (variant == "auto") return C::Default::name();
+  if (variant == "auto") return tiles_name(C::choose(p.causal, p.Nk));
   return variant;
 }
 
 std::string config_of(const Problem& p, const std::string& variant, int /*cc_major: one architecture*/) {
-  return p.d == 64 ? resolve<64>(variant) : resolve<128>(variant);
+  return p.d == 64 ? resolve<64>(p, variant) : resolve<128>(p, variant);
 }
 
 }  // namespace
@@ -95,7 +95,7 @@ Stage stage() {
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});
   s.tuning_exclusion = [](const std::string& config) -> std::string {
     for (const char* lesson : {"7a-", "7b-"})
-      if (config.rfind(lesson, 0) == 0) return "a sub-step of step 7's chapter, slower than 7c by design";
+      if (config.rfind(lesson, 0) == 0) return "a sub-step of step 7's chapter, slower than 7c and 7d by design";
     return "";
   };
   s.config_of = config_of;
