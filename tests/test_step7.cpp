@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "gpu_grid.h"
+#include "step6_autotune/autotune.h"
 
 namespace fa::grid {
 namespace {
@@ -70,6 +71,25 @@ TEST(Step7Stage, AutoPicksByMaskAndKeyLength) {
     EXPECT_EQ(config(true, 16384), "7c-Br128-Bc128-S2");
     EXPECT_EQ(config(false, 2048), "7d-Br128-Bc128-S2");
     EXPECT_EQ(config(false, 2049), "7c-Br128-Bc176-S2");
+  }
+}
+
+// Step 6's filter on step 7's configurations (it runs without a GPU): on an H100 every configuration but the
+// lessons 7a and 7b is a candidate, the default among them. (Elsewhere the stage's platform refuses to run at
+// all, before any tuning.)
+TEST(Step7Stage, Step6TunesItsConfigurations) {
+  const Stage& s = find_stage(kStage);
+  const step6::DeviceLimits h100{"NVIDIA H100 80GB HBM3 (fake)", 9, 0, 227 * 1024, 1024};
+  for (const int64_t d : {64, 128}) {
+    for (const bool causal : {false, true}) {
+      const Problem p = to_problem({1, 4, 4, 1024, 1024, d, causal, kDefaultPos, DType::bf16, 0.0f}, false);
+      std::vector<std::string> rejected;
+      const auto ok = step6::feasible_variants(s, p, h100, &rejected);
+      EXPECT_EQ(ok.size(), s.tuning_variants.size() - 2) << "d = " << d;
+      EXPECT_EQ(rejected.size(), 2u);
+      for (const std::string& r : rejected) EXPECT_NE(r.find("sub-step"), std::string::npos) << r;
+      EXPECT_NE(std::find(ok.begin(), ok.end(), s.config_of(p, "auto", 9)), ok.end()) << "the default is a candidate";
+    }
   }
 }
 
