@@ -74,6 +74,21 @@ TEST(Step7Stage, AutoPicksByMaskAndKeyLength) {
   }
 }
 
+// What step 7 leaves out says so, before any GPU work: dropout and the score modifiers (steps 4 and 5 have
+// them), and a configuration name it does not know.
+TEST(Step7Stage, RefusesWhatItLeavesOut) {
+  const Stage& s = find_stage(kStage);
+  Problem p = to_problem({1, 4, 4, 256, 256, 64, false, kDefaultPos, DType::bf16, 0.1f}, false);
+  EXPECT_NE(s.unsupported(p, "auto").find("dropout"), std::string::npos);
+  p.dropout = 0;
+  EXPECT_EQ(s.unsupported(p, "auto"), "");
+  p.softcap = 30.0f;
+  EXPECT_NE(s.unsupported(p, "auto").find("score modifiers"), std::string::npos);
+  EXPECT_FALSE(s.has_score_mods);
+  p.softcap = 0.0f;
+  EXPECT_NE(s.unsupported(p, "7c-Br64-Bc64-S2").find("no config"), std::string::npos);
+}
+
 // Step 6's filter on step 7's configurations (it runs without a GPU): on an H100 every configuration but the
 // lessons 7a and 7b is a candidate, the default among them. (Elsewhere the stage's platform refuses to run at
 // all, before any tuning.)
