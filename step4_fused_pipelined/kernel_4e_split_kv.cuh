@@ -99,16 +99,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int n_tiles = max(0, min(n_all, n_begin + sp.tiles_per_split) - n_begin);
 
   // One thread issues every TMA copy: K (or V) tile n_begin + n into its ring's slot n.
-  auto load_k = [&](int n) {
-    uint64_t* bar = k_ring.expect(n, Tr::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.k[0] + (k_ring.slot(n) * kPanels + c) * Bc * 64, &tm_k, c * 64, (n_begin + n) * Bc, w.bh_kv, bar);
-  };
-  auto load_v = [&](int n) {
-    uint64_t* bar = v_ring.expect(n, Tr::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.v[0] + (v_ring.slot(n) * kPanels + c) * Bc * 64, &tm_v, c * 64, (n_begin + n) * Bc, w.bh_kv, bar);
-  };
+  auto load_k = [&](int n) { k_ring.load<Bc, kPanels>(n, sm.k[0], &tm_k, (n_begin + n) * Bc, w.bh_kv); };
+  auto load_v = [&](int n) { v_ring.load<Bc, kPanels>(n, sm.v[0], &tm_v, (n_begin + n) * Bc, w.bh_kv); };
   // The producer, in iteration n >= 1: K and V tile n + kStages - 1 into the slots of tile n - 1, which every
   // warp released in its previous iteration (K after its Q K^T, V after its P V).
   auto refill = [&](int n) {

@@ -38,6 +38,15 @@ struct TmaRing {
     ptx::mbar_arrive_expect_tx(bar, bytes);
     return bar;
   }
+  // The producer: tile n of a tensor map whose box is [kRows, 64] (one 128-byte-wide panel) into its slot of
+  // `ring` ([kStages][kPanels][kRows, 64] elements): kPanels copies at tensor row `row` of head `bh`, all
+  // signalling the slot's full barrier, which expects their bytes.
+  template <int kRows, int kPanels, class T>
+  __device__ void load(int n, T* ring, const void* tmap, int row, int bh) const {
+    uint64_t* bar = expect(n, uint32_t(kPanels) * kRows * 128);
+#pragma unroll
+    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(ring + (slot(n) * kPanels + c) * kRows * 64, tmap, c * 64, row, bh, bar);
+  }
   // The producer, in iteration n of n_total: load(n + kStages - 1) into the slot tile n - 1 used, once
   // every warp released it. load(m) issues tile m's copies (after expect(m, ...)).
   template <class Load>

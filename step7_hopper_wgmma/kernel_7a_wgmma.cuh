@@ -32,32 +32,67 @@
 
 namespace fa::step7 {
 
+// The main loop of one consumer warpgroup over the K/V tiles: 4d's loop body with both products as wgmma. 7b's
+// consumers run it too. warp: the warp's index among the computing warps (it owns tile rows 16 warp .. + 15);
+// q_rows: the warpgroup's 64 rows of the Q tile; after_qk(n): what runs once S_n has landed and K tile n is
+// released (7a: thread 0 refills the ring there; 7b, whose producer has a loop of its own: nothing).
+template <class Tr, class AfterQk>
+__device__ __forceinline__ void warpgroup_loop(Smem<Tr>& sm, const AttnParams& p, const step4::QueryTileWork& w,
+                                               int warp, uint32_t q_rows, float (&o)[Tr::D / 8][4],
+                                               step4::RowSoftmax<Tr::Bc / 8, Tr::D / 8>& softmax, AfterQk&& after_qk) {
+  using T = typename Tr::T;
+  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc;
+  const step4::TmaRing<Tr::kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row_g = w.m0 + 16 * warp + g;
+  for (int n = 0; n < w.n_tiles; ++n) {
+    // S = Q K^T: [64 rows, Bc] per warpgroup, issued, then waited for at once.
+    float s[Bc / 8][4];
+    k_ring.wait(n);
+    wgmma_fence();  // s was last written by the softmax: those writes come before the wgmma's
+    warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(n)]));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+    k_ring.release(n);  // the tensor core is done reading K tile n
+    after_qk(n);
+
+    const int key0 = n * Bc;
+    if (step4::keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc))
+      step4::apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
+    softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
+
+    uint32_t pa[Bc / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) step4::acc_to_a<T>(pa[kk], s, kk);
+
+    // O += P V: [64 rows, D] per warpgroup.
+    v_ring.wait(n);
+    wgmma_fence();  // o (rescaled) and pa were written by ordinary instructions
+    warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(n)]));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    v_ring.release(n);
+  }
+}
+
 // grid = ceil(Nq / Br) * Hq * B blocks, block = 256 threads (two warpgroups), dynamic shared memory kSmemBytes<Tr>.
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     forward_7a(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const AttnParams p) {
-  using T = typename Tr::T;
   constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
   constexpr int kSTiles = Bc / 8, kOTiles = D / 8;
 
   extern __shared__ uint8_t smem_raw[];
   Smem<Tr>& sm = *reinterpret_cast<Smem<Tr>*>(step4::align_1024(smem_raw));
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
-  const int warp = threadIdx.x / 32, wg = warp / 4, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
+  const int warp = threadIdx.x / 32, wg = warp / 4;
   const step4::QueryTileWork w(p, Br, Bc);
 
-  auto load_k = [&](int n) {
-    uint64_t* bar = k_ring.expect(n, Tr::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.k[k_ring.slot(n)] + c * Bc * 64, &tm_k, c * 64, n * Bc, w.bh_kv, bar);
-  };
-  auto load_v = [&](int n) {
-    uint64_t* bar = v_ring.expect(n, Tr::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.v[v_ring.slot(n)] + c * Bc * 64, &tm_v, c * 64, n * Bc, w.bh_kv, bar);
-  };
+  auto load_k = [&](int n) { k_ring.load<Bc, kPanels>(n, sm.k[0], &tm_k, n * Bc, w.bh_kv); };
+  auto load_v = [&](int n) { v_ring.load<Bc, kPanels>(n, sm.v[0], &tm_v, n * Bc, w.bh_kv); };
 
   // ---- prologue (4d's): barriers, then Q and the first kStages tiles of K and of V in flight ---------
   if (threadIdx.x == 0) {
@@ -80,42 +115,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t q_rows = ptx::smem_u32(sm.q) + wg * 64 * 128;
   ptx::mbar_wait(&sm.q_full, 0);  // also before the epilogue reuses the tile, when there is no K/V tile
 
-  // ---- main loop over K/V tiles -----------------------------------------------------------------------
+  // ---- main loop over K/V tiles: the producer (thread 0, as in 4d) refills after its Q K^T ---------------
   float o[kOTiles][4] = {};
   step4::RowSoftmax<kSTiles, kOTiles> softmax;
-  const int row_g = w.m0 + 16 * warp + g;
-  for (int n = 0; n < w.n_tiles; ++n) {
-    // S = Q K^T: [64 rows, Bc] per warpgroup, issued, then waited for at once.
-    float s[kSTiles][4];
-    k_ring.wait(n);
-    wgmma_fence();  // s was last written by the softmax: those writes come before the wgmma's
-    warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(n)]));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(s);
-    k_ring.release(n);  // the tensor core is done reading K tile n
-    // The producer (thread 0, as in 4d): K and V tile n + kStages - 1 into the slots of tile n - 1.
-    k_ring.refill(n, w.n_tiles, load_k);
+  warpgroup_loop<Tr>(sm, p, w, warp, q_rows, o, softmax, [&](int n) {
+    k_ring.refill(n, w.n_tiles, load_k);  // K and V tile n + kStages - 1 into the slots of tile n - 1
     v_ring.refill(n, w.n_tiles, load_v);
-
-    const int key0 = n * Bc;
-    if (step4::keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc))
-      step4::apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
-    softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
-
-    uint32_t pa[Bc / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) step4::acc_to_a<T>(pa[kk], s, kk);
-
-    // O += P V: [64 rows, D] per warpgroup.
-    v_ring.wait(n);
-    wgmma_fence();  // o (rescaled) and pa were written by ordinary instructions
-    warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(n)]));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(o);
-    v_ring.release(n);
-  }
+  });
 
   // ---- epilogue (4d's): each warp stages its 16 rows over its own rows of Q (only its warpgroup's wgmmas
   // read them, and those completed) and stores them with TMA --------------------------------------------

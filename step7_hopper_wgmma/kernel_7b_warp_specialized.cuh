@@ -23,6 +23,7 @@
 #include "step4_fused_pipelined/ring.cuh"
 #include "step4_fused_pipelined/scheduler.cuh"
 #include "step4_fused_pipelined/softmax.h"
+#include "step7_hopper_wgmma/kernel_7a_wgmma.cuh"
 #include "step7_hopper_wgmma/kernel_traits.h"
 #include "step7_hopper_wgmma/wgmma.cuh"
 
@@ -42,13 +43,9 @@ __device__ __forceinline__ void produce(S& sm, const CUtensorMap* tm_q, const CU
   for (int n = 0; n < w.n_tiles; ++n) {
     const int i = it0 + n, s = k_ring.slot(i);  // the ring's i-th use
     if (i >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(i - kStages));  // use i - kStages released
-    uint64_t* kbar = k_ring.expect(i, Tr::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.k[s] + c * Bc * 64, tm_k, c * 64, n * Bc, w.bh_kv, kbar);
+    k_ring.load<Bc, kPanels>(i, sm.k[0], tm_k, n * Bc, w.bh_kv);
     if (i >= kStages) ptx::mbar_wait(&sm.v_empty[s], v_ring.parity(i - kStages));
-    uint64_t* vbar = v_ring.expect(i, Tr::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.v[s] + c * Bc * 64, tm_v, c * 64, n * Bc, w.bh_kv, vbar);
+    v_ring.load<Bc, kPanels>(i, sm.v[0], tm_v, n * Bc, w.bh_kv);
   }
 }
 
@@ -57,7 +54,6 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     forward_7b(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const AttnParams p) {
-  using T = typename Tr::T;
   constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   constexpr int kSTiles = Bc / 8, kOTiles = D / 8;
 
@@ -82,43 +78,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return;
   }
 
-  // ---- the consumer warpgroups: 7a's loop body, without the refill ------------------------------------
+  // ---- the consumer warpgroups: 7a's loop, without the refill ------------------------------------------
   setmaxnreg_inc<Tr::kConsumerRegs>();
   const int warp = threadIdx.x / 32 - 4;  // among the consumer warps: owns tile rows 16 warp .. + 15
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const uint32_t q_rows = ptx::smem_u32(sm.q) + (wg - 1) * 64 * 128;
   ptx::mbar_wait(&sm.q_full, 0);
-
   float o[kOTiles][4] = {};
   step4::RowSoftmax<kSTiles, kOTiles> softmax;
-  const int row_g = w.m0 + 16 * warp + g;
-  for (int n = 0; n < w.n_tiles; ++n) {
-    float s[kSTiles][4];
-    k_ring.wait(n);
-    wgmma_fence();  // s was last written by the softmax: those writes come before the wgmma's
-    warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(n)]));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(s);
-    k_ring.release(n);
-
-    const int key0 = n * Bc;
-    if (step4::keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc))
-      step4::apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
-    softmax.update(s, o, p.scale_log2);
-
-    uint32_t pa[Bc / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) step4::acc_to_a<T>(pa[kk], s, kk);
-
-    v_ring.wait(n);
-    wgmma_fence();  // o (rescaled) and pa were written by ordinary instructions
-    warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(n)]));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(o);
-    v_ring.release(n);
-  }
+  warpgroup_loop<Tr>(sm, p, w, warp, q_rows, o, softmax, [](int) {});
   step4::store_o_rows<Tr>(o, softmax, sm.q, &tm_o, w.m0, w.bh, warp, p);
 }
 
