@@ -6,7 +6,8 @@
 //  - in 7a the thread that refills the ring is a consumer, so a refill waits for that thread's own softmax
 //    and its math waits for the refill; a producer of its own issues each copy the moment a slot is free;
 //  - the producer needs almost no registers, the consumers need many (S, P and O fragments): setmaxnreg
-//    moves them. The block starts with 65536 / 384 = 168 per thread (__launch_bounds__); the producer drops to
+//    moves them. The block starts with 168 per thread (65536 / 384 = 170, rounded down to a multiple of 8, as
+//    __launch_bounds__ tells ptxas); the producer drops to
 //    24, each consumer rises to 240 (kernel_traits.h), so the consumers hold their fragments without spilling.
 // The ring protocol is 4d's (ring.cuh): full barriers signalled by TMA, empty barriers by the 8 consumer
 // warps; only who waits on "empty" changes (the producer, in its own loop, instead of thread 0 mid-iteration).
