@@ -8,6 +8,9 @@
 //  - l is kept as this thread's partial sum over its own columns. alpha is the same for the four threads
 //    of a row (a quad), so the partial sums can be rescaled independently and added once at the end:
 //    two shuffles per row per kernel instead of two per tile.
+// The row's max and sum are each kept in two partial values (even and odd n8 blocks), merged at the end: a
+// single running value makes every fmax and every add wait for the one before (a chain of kSTiles and
+// 2 kSTiles dependent instructions per row), and a warp has few neighbours to hide that latency behind.
 #pragma once
 #include <cmath>
 
@@ -39,9 +42,10 @@ struct RowSoftmax {
 
   // Row r (0: g, 1: g + 8) of the update: its new max, P in place of its scores, l; returns its alpha.
   __device__ __forceinline__ float update_row(float (&s)[kSTiles][4], int r, float scale_log2) {
-    float mx = m[r];
+    float part[2] = {m[r], -INFINITY};  // two independent chains (see the top of the file)
 #pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    for (int nt = 0; nt < kSTiles; ++nt) part[nt % 2] = fmaxf(part[nt % 2], fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    float mx = fmaxf(part[0], part[1]);
     // The row's four threads (a quad: lanes 4g .. 4g+3) hold disjoint columns: combine them.
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -49,16 +53,16 @@ struct RowSoftmax {
     const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
     const float alpha = ptx::exp2_approx(m[r] * scale_log2 - m_scaled);
     m[r] = mx;
-    float sum = 0.0f;
+    float sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int nt = 0; nt < kSTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float p = ptx::exp2_approx(fmaf(s[nt][2 * r + e], scale_log2, -m_scaled));
         s[nt][2 * r + e] = p;
-        sum += p;
+        sum[nt % 2] += p;
       }
-    l[r] = l[r] * alpha + sum;
+    l[r] = l[r] * alpha + (sum[0] + sum[1]);
     return alpha;
   }
   __device__ __forceinline__ void rescale_row(float (&o)[kOTiles][4], int r, float alpha) {
