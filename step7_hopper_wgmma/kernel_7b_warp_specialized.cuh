@@ -30,17 +30,19 @@
 
 namespace fa::step7 {
 
-// The producer's loop, run by one thread: Q, then K and V tile n into slot n % kStages as soon as the 8
-// consumer warps have released that slot's previous tile (n - kStages). Shared by 7b, 7c and 7d; 7d's blocks
-// visit several query tiles, and `it0` counts the K/V tiles their ring carried before this one.
+// The producer's loop, run by one thread: Q into sq (completing q_full), then K and V tile n into slot
+// n % kStages as soon as the 8 consumer warps have released that slot's previous tile (n - kStages). Shared by
+// 7b, 7c and 7d; 7d's blocks visit several query tiles, and `it0` counts the K/V tiles their ring carried
+// before this one.
 template <class Tr, class S>
 __device__ __forceinline__ void produce(S& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                        const CUtensorMap* tm_v, const step4::QueryTileWork& w, int it0 = 0) {
+                                        const CUtensorMap* tm_v, const step4::QueryTileWork& w, typename Tr::T* sq,
+                                        uint64_t* q_full, int it0 = 0) {
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
-  ptx::mbar_arrive_expect_tx(&sm.q_full, uint32_t(Tr::kQBytes));
+  ptx::mbar_arrive_expect_tx(q_full, uint32_t(Tr::kQBytes));
 #pragma unroll
-  for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.q + c * Br * 64, tm_q, c * 64, w.m0, w.bh, &sm.q_full);
+  for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sq + c * Br * 64, tm_q, c * 64, w.m0, w.bh, q_full);
   for (int n = 0; n < w.n_tiles; ++n) {
     const int i = it0 + n, s = k_ring.slot(i);  // the ring's i-th use
     if (i >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(i - kStages));  // use i - kStages released
@@ -75,7 +77,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   if (wg == 0) {  // ---- the producer warpgroup ---------------------------------------------------------
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w);
+    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w, sm.q, &sm.q_full);
     return;
   }
 

@@ -33,19 +33,20 @@ struct Turns {
 };
 
 // Where a query tile's data lives for the consumers: 7c's block has one tile, 7d's persistent block many.
+template <class T>
 struct TileSlots {
-  int it0 = 0;                 // K/V tiles the ring carried before this query tile (the ring's use index)
-  uint32_t q_parity = 0;       // the phase of q_full that brings this tile's Q
-  uint64_t* q_empty = nullptr; // 7d: every consumer warp arrives once its products are done with Q
+  T* q;                         // the [kPanels][Br, 64] Q tile; the epilogue stages O over it
+  uint64_t* q_full;             // completes (phase q_parity) when Q has landed
+  uint32_t q_parity = 0;
+  int it0 = 0;                  // K/V tiles the ring carried before this query tile (the ring's use index)
+  uint64_t* q_empty = nullptr;  // 7d: every consumer warp arrives once its O has left the Q tile
 };
 
 // One consumer warpgroup's main loop and epilogue; cw = 0 or 1 as a template argument, so that the barrier
-// ids are immediates (with run-time ids ptxas reserves all 16 barriers). sO: where the epilogue stages O
-// (7c: over Q; 7d: a buffer of its own, so that the next tile's Q can land meanwhile).
+// ids are immediates (with run-time ids ptxas reserves all 16 barriers).
 template <class Tr, int cw, class S>
 __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o, const AttnParams& p,
-                                                 const step4::QueryTileWork& w, typename Tr::T* sO,
-                                                 const TileSlots& at = {}) {
+                                                 const step4::QueryTileWork& w, const TileSlots<typename Tr::T>& at) {
   using T = typename Tr::T;
   using Turn = Turns<cw>;
   constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
@@ -53,10 +54,10 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
   const int warp = 4 * cw + threadIdx.x / 32 % 4;  // among the consumer warps: owns tile rows 16 warp .. + 15
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const uint32_t q_rows = ptx::smem_u32(sm.q) + cw * 64 * 128;
+  const uint32_t q_rows = ptx::smem_u32(at.q) + cw * 64 * 128;
   const int row_g = w.m0 + 16 * warp + g;
   const int N = w.n_tiles, i0 = at.it0;  // K/V tile n is the ring's use i0 + n
-  ptx::mbar_wait(&sm.q_full, at.q_parity);
+  ptx::mbar_wait(at.q_full, at.q_parity);
 
   float o[kOTiles][4] = {};
   float s[kSTiles][4];
@@ -118,11 +119,11 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
     fence_regs(o);
     v_ring.release(i0 + N - 1);
   }
-  if (at.q_empty) {  // 7d: this warp's products are done with Q (wait_group 0 above): the next tile's may land
+  step4::store_o_rows<Tr>(o, softmax, at.q, tm_o, w.m0, w.bh, warp, p);
+  if (at.q_empty) {  // 7d: this warp's rows of the tile are free (lane 0 waited for the store to read them)
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(at.q_empty);
   }
-  step4::store_o_rows<Tr>(o, softmax, sO, tm_o, w.m0, w.bh, warp, p);
 }
 
 // grid = ceil(Nq / Br) * Hq * B blocks, block = 384 threads (producer + two consumer warpgroups).
@@ -143,12 +144,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   __syncthreads();  // the barriers exist before anyone waits on them (the last block-wide barrier)
   if (wg == 0) {  // the producer, 7b's
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w);
+    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w, sm.q, &sm.q_full);
     return;
   }
   setmaxnreg_inc<Tr::kConsumerRegs>();
-  if (wg == 1) consume_pingpong<Tr, 0>(sm, &tm_o, p, w, sm.q);
-  else consume_pingpong<Tr, 1>(sm, &tm_o, p, w, sm.q);
+  const TileSlots<typename Tr::T> at{sm.q, &sm.q_full};
+  if (wg == 1) consume_pingpong<Tr, 0>(sm, &tm_o, p, w, at);
+  else consume_pingpong<Tr, 1>(sm, &tm_o, p, w, at);
 }
 
 }  // namespace fa::step7

@@ -1,27 +1,33 @@
 // FlashAttention, step by step — step 7d: persistent blocks (step7_hopper_wgmma/kernel_7d_persistent.cuh)
 //
 // What it adds over 7c: a block no longer owns one query tile. The grid is one block per SM (the most that
-// fit: 384 threads and most of the shared memory), and block b visits tiles b, b + grid, b + 2 grid, ...
-// (step 4's scheduler, scheduler.cuh, names each one). The ring's counters run on from tile to tile.
+// fit: 384 threads and most of the shared memory), and each block takes query tile after query tile from a
+// counter in global memory until none is left. The ring's counters run on from tile to tile.
 // The idea (FlashAttention-3 and CUTLASS's persistent kernels): in 7a-7c every query tile pays a prologue
 // (the block starts, its barriers are made, Q and the first K/V tiles travel from memory while the tensor
 // cores wait) and an epilogue (O leaves while they wait again). A tile of 128 rows at N = 1024 is only 8 K/V
 // tiles of work, so those waits are a large share of it. A resident block hides them: its producer loads the
-// next tile's Q and K/V while the consumers still finish and store the current tile, so the consumers go from
-// one tile's last product to the next tile's first almost at once. Two additions make that safe:
-//  - the Q tile is released (q_empty: every consumer warp arrives once its last product is done) and refilled
-//    while O is stored, so O is staged in a tile of its own (PersistentSmem, kernel_traits.h);
+// next tile's Q and K/V while the consumers still compute and store the current tile, so the consumers go
+// from one tile's last product to the next tile's first almost at once. What makes that safe:
+//  - two Q tiles, used alternately (tile k of the block in Q tile k % 2): the next tile's Q lands in the other
+//    one. Each is also where its tile's O is staged (as in 7c), and it is released (q_empty) once every
+//    consumer warp's O has left it; the producer waits for that before it loads the tile after next there;
 //  - the phases: the ring's slot and parity come from a use count that runs over all tiles of the block
-//    (TileSlots::it0), and q_full completes once per tile (parity = tile count % 2).
-// The consumers' loop body is 7c's (consume_pingpong), the producer's 7b's (produce), per tile.
-// The order of the tiles matters here, as the hardware no longer hands a free SM the next block: with a causal
-// mask, tile lengths differ, and a block that strides through step 4's order (the query tiles of one head
-// next to each other) can land on long tiles only, if its stride and the tiles per head share a factor. So a
-// causal problem takes the tiles longest first over all heads (step 4's head-fast order, TileOrder::kHeadFast,
-// reversed for causal): every round of blocks takes tiles of about one length. Without a mask every tile has
-// the same length and the head's tiles stay neighbours (they share its K/V in L2).
-// Limits: as 7a; the order is static (a block does not ask for the next free tile: FlashAttention-3's causal
-// scheduler does, with an atomic counter).
+//    (TileSlots::it0); Q tile i's barriers complete once per use (parity = (k / 2) % 2 for the block's tile k);
+//  - which tile is next: the producer warp takes it (atomicAdd on TileCounter::next, one tile ahead so the
+//    atomic's trip hides behind the current tile's loads) and hands it to the consumers through one int of
+//    shared memory (PersistentSmem::tile) and two named barriers, as FlashAttention-3's scheduler does:
+//    kTileFull (the producer warp arrives once it has written the index, the consumers sync, then read) and
+//    kTileEmpty (the consumers arrive once they have read it, the producer warp syncs before the next write).
+//    "No tile left" is an index past the end.
+// Why a counter and not a fixed stride (block b visiting tiles b, b + grid, ...): with a causal mask tiles
+// differ in length, and a fixed stride hands some blocks only long tiles. With the counter a block that
+// finishes early takes the next tile, and as tiles are handed out in step 4's order (a head's query tiles
+// next to each other, longest first when causal: scheduler.cuh) the ~132 tiles in flight belong to a few
+// heads, whose K/V stay in L2.
+// The counter must read 0 at each launch: it is zeroed once when the launch is prepared, and the last block
+// to find no tile left puts it back to 0 (step 4e's arrival counters do the same).
+// Limits: as 7a.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -30,46 +36,81 @@
 
 namespace fa::step7 {
 
+// In global memory, 0 at each launch: tiles handed out beyond the first gridDim.x, and blocks that found no
+// tile left (the last of them resets both).
+struct TileCounter {
+  int next, done;
+};
+
+// The tile index hand-over: the producer warp (32 threads) and the two consumer warpgroups (256); barriers
+// 1 and 2 are 7c's turns.
+constexpr int kTileFull = 3, kTileEmpty = 4, kHandOverThreads = 32 + 256;
+
 // grid = min(tiles, SMs) blocks, block = 384 threads (producer + two consumer warpgroups).
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     forward_7d(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const AttnParams p) {
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const AttnParams p,
+               TileCounter* counter) {
   extern __shared__ uint8_t smem_raw[];
   Smem<Tr>& sm = *reinterpret_cast<Smem<Tr>*>(step4::align_1024(smem_raw));
   const int wg = threadIdx.x / 128;
   const int num_tiles = (p.Nq + Tr::Br - 1) / Tr::Br * p.Hq * p.B;
-  const step4::TileOrder order = p.causal ? step4::TileOrder::kHeadFast : step4::TileOrder::kTileFast;  // see above
   if (threadIdx.x == 0) {
-    ptx::mbar_init(&sm.q_full, 1);
-    ptx::mbar_init(&sm.q_empty, Tr::kConsumerWarps);
+    for (int i = 0; i < 2; ++i) {
+      ptx::mbar_init(&sm.q_full[i], 1);
+      ptx::mbar_init(&sm.q_empty[i], Tr::kConsumerWarps);
+    }
     step4::TmaRing<Tr::kStages>{sm.k_full, sm.k_empty}.init(Tr::kConsumerWarps);
     step4::TmaRing<Tr::kStages>{sm.v_full, sm.v_empty}.init(Tr::kConsumerWarps);
     ptx::fence_barrier_init();
   }
   __syncthreads();  // the barriers exist before anyone waits on them (the last block-wide barrier)
 
-  if (wg == 0) {  // ---- the producer: 7b's, tile after tile ----------------------------------------------
+  if (wg == 0) {  // ---- the producer: 7b's, tile after tile, in warp 0 (lane 0 copies) --------------------
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (threadIdx.x != 0) return;
-    int it = 0, local = 0;  // K/V tiles loaded so far, query tiles visited so far
-    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, ++local) {
-      const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, order, nullptr, tile);
-      if (local > 0) ptx::mbar_wait(&sm.q_empty, uint32_t(local - 1) & 1);  // the last tile's products are done with Q
-      produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w, it);
-      it += w.n_tiles;
+    if (threadIdx.x >= 32) return;
+    const bool lane0 = threadIdx.x == 0;
+    int it = 0;  // K/V tiles the ring carried so far
+    for (int tile = blockIdx.x, k = 0;; ++k) {  // the block's k-th tile goes to Q tile i = k % 2
+      const int i = k % 2;
+      if (k > 0) ptx::named_barrier_sync<kTileEmpty, kHandOverThreads>();  // the last index was read
+      if (lane0) sm.tile = tile;
+      ptx::named_barrier_arrive<kTileFull, kHandOverThreads>();  // ... and this one may be
+      if (tile >= num_tiles) break;
+      int next = 0;
+      if (lane0) {
+        next = int(gridDim.x) + atomicAdd(&counter->next, 1);  // used after this tile's loads
+        if (k >= 2) ptx::mbar_wait(&sm.q_empty[i], uint32_t(k / 2 - 1) & 1);  // tile k - 2's O has left Q tile i
+        const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, step4::TileOrder::kTileFast, nullptr, tile);
+        produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w, sm.q[i], &sm.q_full[i], it);
+        it += w.n_tiles;
+      }
+      tile = __shfl_sync(0xffffffffu, next, 0);  // the warp meets again here
+    }
+    ptx::named_barrier_sync<kTileEmpty, kHandOverThreads>();  // the consumers' last arrival (they read "none")
+    if (lane0) {
+      __threadfence();  // this block's last atomicAdd on `next` is done before it counts itself out
+      if (atomicAdd(&counter->done, 1) == int(gridDim.x) - 1) {  // every block has taken its last tile
+        counter->next = 0;
+        counter->done = 0;
+      }
     }
     return;
   }
 
   // ---- the consumers: 7c's loop body, tile after tile ------------------------------------------------------
   setmaxnreg_inc<Tr::kConsumerRegs>();
-  int it = 0, local = 0;
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, ++local) {
-    const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, order, nullptr, tile);
-    const TileSlots at{it, uint32_t(local) & 1, &sm.q_empty};
-    if (wg == 1) consume_pingpong<Tr, 0>(sm, &tm_o, p, w, sm.o, at);
-    else consume_pingpong<Tr, 1>(sm, &tm_o, p, w, sm.o, at);
+  for (int it = 0, k = 0;; ++k) {
+    ptx::named_barrier_sync<kTileFull, kHandOverThreads>();  // the producer has written the index
+    const int tile = sm.tile;
+    ptx::named_barrier_arrive<kTileEmpty, kHandOverThreads>();  // ... which it may overwrite now
+    if (tile >= num_tiles) break;
+    const int i = k % 2;
+    const TileSlots<typename Tr::T> at{sm.q[i], &sm.q_full[i], uint32_t(k / 2) & 1, it, &sm.q_empty[i]};
+    const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, step4::TileOrder::kTileFast, nullptr, tile);
+    if (wg == 1) consume_pingpong<Tr, 0>(sm, &tm_o, p, w, at);
+    else consume_pingpong<Tr, 1>(sm, &tm_o, p, w, at);
     it += w.n_tiles;
   }
 }

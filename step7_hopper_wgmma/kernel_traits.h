@@ -71,18 +71,18 @@ struct HopperTraits {
   static std::string name() { return tiles_name(kTiles); }
 };
 
-// 7d's shared memory: step 4's, plus a tile of its own to stage O in (the Q tile is being refilled with the
-// next tile's Q meanwhile) and the barrier that says the consumers are done with Q.
+// 7d's shared memory: step 4's with two Q tiles, so that the next query tile's Q lands while this one is
+// computed (each is also where its O is staged), their barriers, and the index of the next tile.
 template <class Tr>
 struct PersistentSmem {
   using T = typename Tr::T;
-  T q[Tr::Br * Tr::D];               // [kPanels][Br, 64]
-  T o[Tr::Br * Tr::D];               // [kPanels][Br, 64]  each warp stages its O rows here
+  T q[2][Tr::Br * Tr::D];            // [2][kPanels][Br, 64]  query tiles used alternately
   T k[Tr::kStages][Tr::Bc * Tr::D];  // [kStages][kPanels][Bc, 64]  the K ring
   T v[Tr::kStages][Tr::Bc * Tr::D];  // the V ring
-  uint64_t q_full, q_empty;          // Q tile landed; every consumer warp is done with it
+  uint64_t q_full[2], q_empty[2];    // Q tile i landed; every consumer warp's O has left it
   uint64_t k_full[Tr::kStages], v_full[Tr::kStages];
   uint64_t k_empty[Tr::kStages], v_empty[Tr::kStages];
+  int tile;                          // the next query tile, from the producer warp (kernel_7d_persistent.cuh)
 
   static constexpr size_t kBytes() { return step4::kSmemAlignSlack + sizeof(PersistentSmem); }
 };

@@ -6,10 +6,12 @@
 #pragma once
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "gpu/config_list.h"
+#include "gpu/cuda_util.h"
 #include "gpu/gpu_types.h"
 #include "gpu/tma.h"
 #include "step7_hopper_wgmma/configs.h"
@@ -41,17 +43,23 @@ std::function<void()> prepare(const Problem& p, const AttnParams& params) {
   const CUtensorMap to = make_tensor_map_bhnd(params.o, p.dtype, p.B * p.Hq, p.Nq, Tr::D, 16);  // a warp's rows
   auto kernel = kernel_of<Tr>();
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-  int64_t grid = blocks;  // one block per query tile; 7d: one per SM, each visiting several tiles
-  if constexpr (Tr::kDesign == Design::kPersistent) {
+  if constexpr (Tr::kDesign == Design::kPersistent) {  // 7d: one block per SM, taking tiles from a counter
     int sms = 0, dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    grid = std::min<int64_t>(blocks, sms);
+    const int64_t grid = std::min<int64_t>(blocks, sms);
+    auto counter = std::make_shared<DeviceBuffer>(sizeof(TileCounter));  // zeroed here, reset by the kernel
+    CUDA_CHECK(cudaMemset(counter->get(), 0, sizeof(TileCounter)));
+    return [=] {
+      kernel<<<unsigned(grid), Tr::kThreads, kSmem>>>(tq, tk, tv, to, params, counter->template as<TileCounter>());
+      CUDA_CHECK_LAUNCH();
+    };
+  } else {  // one block per query tile
+    return [=] {
+      kernel<<<unsigned(blocks), Tr::kThreads, kSmem>>>(tq, tk, tv, to, params);
+      CUDA_CHECK_LAUNCH();
+    };
   }
-  return [=] {
-    kernel<<<unsigned(grid), Tr::kThreads, kSmem>>>(tq, tk, tv, to, params);
-    CUDA_CHECK_LAUNCH();
-  };
 }
 
 // The set-up of the configuration named `name` for element type T and head dim D (configs.h).
