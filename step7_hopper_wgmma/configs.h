@@ -21,21 +21,25 @@ struct Configs {
   // The chapter's tiles: 128 x 128, two K/V stages; sub-step 7c on them is the default with a causal mask.
   static constexpr HopperTiles kDefault{.Br = 128, .Bc = 128, .stages = 2, .design = Design::kPingPong};
   using Default = Fwd<kDefault>;
-  // Without a mask the default depends on the length of a query tile's work, Nk (measured on the H100:
-  // docs/results/step7.md): up to kShortKeys keys a tile is a few K/V trips, and the start and end of each
-  // tile weigh most, which 7d's persistent blocks hide; longer rows take 176-key tiles (fewer, longer trips).
-  static constexpr int64_t kShortKeys = 2048;
+  // The default depends on the mask and on the length of a query tile's work, Nk (measured on the H100:
+  // docs/results/step7.md, run4). Short rows are a few K/V trips, and the start and end of each tile weigh
+  // most: without a mask 7d's persistent blocks hide them (up to kShortKeys keys); with one, 7c's own blocks
+  // do better (the hardware hands the next tile to a free SM the moment one frees). Long rows take 176-key
+  // tiles: fewer, longer trips.
+  static constexpr int64_t kShortKeys = D == 128 ? 4096 : 2048;  // non-causal: 7d up to here
+  static constexpr int64_t kShortCausalKeys = 8192;              // causal: 7c at 128 x 128 up to here
   static constexpr HopperTiles kShort = substep(kDefault, Design::kPersistent);
   static constexpr HopperTiles kLong{.Br = 128, .Bc = 176, .stages = 2, .design = Design::kPingPong};
   static constexpr HopperTiles choose(bool causal, int64_t Nk) {
-    return causal ? kDefault : Nk <= kShortKeys ? kShort : kLong;
+    if (causal) return Nk <= kShortCausalKeys ? kDefault : kLong;
+    return Nk <= kShortKeys ? kShort : kLong;
   }
   // Every configuration --variant can name: the chapter's sub-steps at the default's tiles, other tiles.
   using All = ConfigList<Fwd<substep(kDefault, Design::kWgmma)>, Fwd<substep(kDefault, Design::kSpecialized)>, Default,
                          Fwd<HopperTiles{.Br = 128, .Bc = 64, .stages = 2}>,   //
                          Fwd<HopperTiles{.Br = 128, .Bc = 128, .stages = 3}>,  //
                          Fwd<kLong>, Fwd<kShort>>;
-  static_assert(kSmemBytes<Fwd<kShort>> <= 227 * 1024, "7d's extra O tile must fit beside the Q tile and the K/V ring");
+  static_assert(kSmemBytes<Fwd<kShort>> <= 227 * 1024, "7d's second Q tile must fit beside the first and the K/V ring");
   static_assert(kSmemBytes<Fwd<HopperTiles{.Br = 128, .Bc = 128, .stages = 3}>> <= 227 * 1024 &&
                     kSmemBytes<Fwd<kLong>> <= 227 * 1024,
                 "every configuration fits the H100's 227 KB of shared memory per block");

@@ -59,18 +59,20 @@ TEST(Step7Stage, SubstepsAreVariantsAndTheBackwardIsStep5s) {
   EXPECT_EQ(s.backward_from, "step5_backward");
 }
 
-// The default per problem (configs.h, choose): 7c at 128 x 128 with a causal mask; without one, 7d up to
-// 2048 keys and 7c with 176-key tiles beyond.
+// The default per problem (configs.h, choose): with a causal mask 7c at 128 x 128 up to 8192 keys, 7c with
+// 176-key tiles beyond; without one 7d up to 2048 keys (d = 64) or 4096 (d = 128), 7c with 176-key tiles beyond.
 TEST(Step7Stage, AutoPicksByMaskAndKeyLength) {
   const Stage& s = find_stage(kStage);
   for (const int64_t d : {64, 128}) {
     auto config = [&](bool causal, int64_t Nk) {
       return s.config_of(to_problem({1, 4, 4, 512, Nk, d, causal, kDefaultPos, DType::bf16, 0.0f}, false), "auto", 9);
     };
+    const int64_t short_keys = d == 128 ? 4096 : 2048;
     EXPECT_EQ(config(true, 512), "7c-Br128-Bc128-S2");
-    EXPECT_EQ(config(true, 16384), "7c-Br128-Bc128-S2");
-    EXPECT_EQ(config(false, 2048), "7d-Br128-Bc128-S2");
-    EXPECT_EQ(config(false, 2049), "7c-Br128-Bc176-S2");
+    EXPECT_EQ(config(true, 8192), "7c-Br128-Bc128-S2");
+    EXPECT_EQ(config(true, 8193), "7c-Br128-Bc176-S2");
+    EXPECT_EQ(config(false, short_keys), "7d-Br128-Bc128-S2");
+    EXPECT_EQ(config(false, short_keys + 1), "7c-Br128-Bc176-S2");
   }
 }
 
