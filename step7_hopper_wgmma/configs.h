@@ -5,6 +5,7 @@
 // Measured results: docs/results/step7.md.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "gpu/config_list.h"
 #include "step7_hopper_wgmma/kernel_traits.h"
@@ -21,28 +22,38 @@ struct Configs {
   // The chapter's tiles: 128 x 128, two K/V stages; sub-step 7c on them is the default with a causal mask.
   static constexpr HopperTiles kDefault{.Br = 128, .Bc = 128, .stages = 2, .design = Design::kPingPong};
   using Default = Fwd<kDefault>;
+  // At d = 64 only: blocks of one consumer warpgroup (Br = 64), two per SM (kernel_traits.h, kBlocksPerSM).
+  static constexpr HopperTiles kHalf{.Br = 64, .Bc = 128, .stages = 2};
+  static constexpr HopperTiles kHalfLong{.Br = 64, .Bc = 176, .stages = 2};
   // The default depends on the mask and on the length of a query tile's work, Nk (measured on the H100:
-  // docs/results/step7.md, run4). Short rows are a few K/V trips, and the start and end of each tile weigh
-  // most: without a mask 7d's persistent blocks hide them (up to kShortKeys keys); with one, 7c's own blocks
-  // do better (the hardware hands the next tile to a free SM the moment one frees). Long rows take 176-key
-  // tiles: fewer, longer trips.
-  static constexpr int64_t kShortKeys = D == 128 ? 4096 : 2048;  // non-causal: 7d up to here
-  static constexpr int64_t kShortCausalKeys = 8192;              // causal: 7c at 128 x 128 up to here
+  // docs/results/step7.md, run4 at d = 128, run5 at d = 64). Short rows are a few K/V trips, and the start
+  // and end of each tile weigh most: without a mask 7d's persistent blocks hide them (up to kShortKeys keys);
+  // at d = 64, where a trip is short, two blocks per SM of 64 rows each hide them better up to 4096 keys, and
+  // with a causal mask up to kShortCausalKeys (at d = 128, 7c's own blocks). Long rows take 176-key tiles:
+  // fewer, longer trips.
+  static constexpr int64_t kShortKeys = D == 128 ? 4096 : 1024;  // non-causal: 7d up to here
+  static constexpr int64_t kHalfKeys = 4096;                     // non-causal, d = 64: then Br = 64 up to here
+  static constexpr int64_t kShortCausalKeys = 8192;              // causal: 128 x 128 tiles up to here
   static constexpr HopperTiles kShort = substep(kDefault, Design::kPersistent);
   static constexpr HopperTiles kLong{.Br = 128, .Bc = 176, .stages = 2, .design = Design::kPingPong};
   static constexpr HopperTiles choose(bool causal, int64_t Nk) {
-    if (causal) return Nk <= kShortCausalKeys ? kDefault : kLong;
-    return Nk <= kShortKeys ? kShort : kLong;
+    if (causal) return Nk > kShortCausalKeys ? kLong : D == 64 ? kHalf : kDefault;
+    if (Nk <= kShortKeys) return kShort;
+    return D == 64 && Nk <= kHalfKeys ? kHalf : kLong;
   }
   // Every configuration --variant can name: the chapter's sub-steps at the default's tiles, other tiles.
-  using All = ConfigList<Fwd<substep(kDefault, Design::kWgmma)>, Fwd<substep(kDefault, Design::kSpecialized)>, Default,
-                         Fwd<HopperTiles{.Br = 128, .Bc = 64, .stages = 2}>,   //
-                         Fwd<HopperTiles{.Br = 128, .Bc = 128, .stages = 3}>,  //
-                         Fwd<kLong>, Fwd<kShort>>;
+  using Common = ConfigList<Fwd<substep(kDefault, Design::kWgmma)>, Fwd<substep(kDefault, Design::kSpecialized)>,
+                            Default, Fwd<HopperTiles{.Br = 128, .Bc = 64, .stages = 2}>,  //
+                            Fwd<HopperTiles{.Br = 128, .Bc = 128, .stages = 3}>,          //
+                            Fwd<kLong>, Fwd<kShort>>;
+  using All = std::conditional_t<D == 64, typename Append<Common, Fwd<kHalf>, Fwd<kHalfLong>>::type, Common>;
   static_assert(kSmemBytes<Fwd<kShort>> <= 227 * 1024, "7d's second Q tile must fit beside the first and the K/V ring");
   static_assert(kSmemBytes<Fwd<HopperTiles{.Br = 128, .Bc = 128, .stages = 3}>> <= 227 * 1024 &&
                     kSmemBytes<Fwd<kLong>> <= 227 * 1024,
                 "every configuration fits the H100's 227 KB of shared memory per block");
+  static_assert(D != 64 || 2 * (kSmemBytes<Fwd<kHalf>> + 1024) <= 228 * 1024 &&
+                               2 * (kSmemBytes<Fwd<kHalfLong>> + 1024) <= 228 * 1024,
+                "two Br = 64 blocks fit an SM's 228 KB (1 KB of it reserved per block)");
 };
 
 }  // namespace fa::step7

@@ -26,10 +26,15 @@
 namespace fa::step7 {
 
 // The turns: warpgroup cw (0 or 1) waits on barrier 1 + cw; the other arrives there. 256 threads each time.
-template <int cw>
+// A block of one consumer warpgroup (Br = 64) has no one to take turns with: kOn = false makes them no-ops.
+template <int cw, bool kOn = true>
 struct Turns {
-  __device__ static void wait() { ptx::named_barrier_sync<1 + cw, 256>(); }
-  __device__ static void hand_over() { ptx::named_barrier_arrive<2 - cw, 256>(); }
+  __device__ static void wait() {
+    if constexpr (kOn) ptx::named_barrier_sync<1 + cw, 256>();
+  }
+  __device__ static void hand_over() {
+    if constexpr (kOn) ptx::named_barrier_arrive<2 - cw, 256>();
+  }
 };
 
 // Where a query tile's data lives for the consumers: 7c's block has one tile, 7d's persistent block many.
@@ -48,7 +53,7 @@ template <class Tr, int cw, class S>
 __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o, const AttnParams& p,
                                                  const step4::QueryTileWork& w, const TileSlots<typename Tr::T>& at) {
   using T = typename Tr::T;
-  using Turn = Turns<cw>;
+  using Turn = Turns<cw, Tr::kConsumerWarpgroups == 2>;
   constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   constexpr int kSTiles = Bc / 8, kOTiles = D / 8;
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
@@ -76,7 +81,7 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
     for (int kk = 0; kk < Bc / 16; ++kk) step4::acc_to_a<T>(pa[kk], s, kk);
   };
 
-  if (cw == 1 && N > 0) ptx::named_barrier_arrive<1, 256>();  // warpgroup 0 takes the first turn
+  if (cw == 1 && N > 0) Turn::hand_over();  // warpgroup 0 takes the first turn
   if (N > 0) {  // ---- tile 0: S_0 alone --------------------------------------------------------------
     Turn::wait();
     k_ring.wait(i0);
@@ -126,9 +131,10 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
   }
 }
 
-// grid = ceil(Nq / Br) * Hq * B blocks, block = 384 threads (producer + two consumer warpgroups).
+// grid = ceil(Nq / Br) * Hq * B blocks, block = 384 threads (producer + two consumer warpgroups), or 256 (one,
+// Br = 64; two blocks per SM).
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, 1)
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kBlocksPerSM)
     forward_7c(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const AttnParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -150,7 +156,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   setmaxnreg_inc<Tr::kConsumerRegs>();
   const TileSlots<typename Tr::T> at{sm.q, &sm.q_full};
   if (wg == 1) consume_pingpong<Tr, 0>(sm, &tm_o, p, w, at);
-  else consume_pingpong<Tr, 1>(sm, &tm_o, p, w, at);
+  else if constexpr (Tr::kConsumerWarpgroups == 2) consume_pingpong<Tr, 1>(sm, &tm_o, p, w, at);
 }
 
 }  // namespace fa::step7

@@ -52,13 +52,18 @@ struct HopperTraits {
   static constexpr bool kProducerWarpgroup = kDesign != Design::kWgmma;
   static constexpr int kThreads = 128 * (kConsumerWarpgroups + (kProducerWarpgroup ? 1 : 0));
   static constexpr int kPanels = D / 64;  // a [rows, D] tile is kPanels [rows, 64] panels of 128-byte rows
-  // setmaxnreg's split of the register file (65536 per SM, one block): the producer keeps 24 per thread, the
-  // consumers take what is left, rounded down to a multiple of 8.
+  // Blocks per SM: one, or two of one consumer warpgroup each (Br = 64): then the two blocks' warpgroups share
+  // the tensor cores as 7c's two share them, without turns, and one block's start and end run beside the
+  // other's products.
+  static constexpr int kBlocksPerSM = Br == 64 ? 2 : 1;
+  // setmaxnreg's split of a block's share of the register file (65536 per SM): the producer keeps 24 per
+  // thread, the consumers take what is left, rounded down to a multiple of 8.
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / kConsumerWarpgroups / 8 * 8;
+  static constexpr int kConsumerRegs = (65536 / kBlocksPerSM / 128 - kProducerRegs) / kConsumerWarpgroups / 8 * 8;
 
   static_assert(sizeof(T) == 2, "wgmma takes bf16 or fp16 operands here");
-  static_assert(Br == 128, "two consumer warpgroups of 64 rows (the ping-pong needs exactly two)");
+  static_assert(Br == 128 || (Br == 64 && kDesign == Design::kPingPong),
+                "two consumer warpgroups of 64 rows, or one (7c's loop without turns, two blocks per SM)");
   static_assert(Bc == 64 || Bc == 128 || Bc == 176, "S = Q K^T is one wgmma of n = Bc: 64, 128 or 176 (wgmma.cuh)");
   static_assert(D == 64 || D == 128, "O += P V is one wgmma of n = D: 64 or 128 here (wgmma.cuh)");
   static_assert(kStages >= 2 && kStages <= 3, "a ring of 2 or 3 K/V stages");
