@@ -16,7 +16,8 @@
 // Per K/V tile n >= 1, in a warpgroup:   [turn] S_n = Q K_n^T, O += P_{n-1} V_{n-1}  [hand over]
 //   wait S_n -> mask, m_n, P_n, l_n, alpha_n -> wait P_{n-1} V_{n-1} -> O *= alpha_n -> pack P_n
 // and after the loop O += P_last V_last. The equations are 7a's, reordered.
-// Limits: as 7a. The producer is 7b's.
+// Limits: as 7a. The producer is 7b's. A block of one consumer warpgroup (Br = 64, kernel_traits.h) runs the same
+// loop with the turns off; two such blocks share an SM, and their warpgroups take the tensor cores as they come.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
