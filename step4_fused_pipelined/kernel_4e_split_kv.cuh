@@ -117,9 +117,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
   if (threadIdx.x == 0) {
-    ptx::mbar_arrive_expect_tx(&sm.q_full, uint32_t(Tr::kQBytes));
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sm.q + c * Br * 64, &tm_q, c * 64, w.m0, w.bh, &sm.q_full);
+    tma_load_tile<Br, kPanels>(sm.q, &tm_q, w.m0, w.bh, &sm.q_full);
     for (int n = 0; n < kStages && n < n_tiles; ++n) {
       load_k(n);
       load_v(n);

@@ -16,6 +16,16 @@
 
 namespace fa::step4 {
 
+// A tile in a buffer of its own (Q): [kPanels][kRows, 64] elements at `dst`, kPanels copies from a tensor map
+// whose box is [kRows, 64], at tensor row `row` of head `bh`, all signalling `bar`, which the calling thread
+// arrives on, expecting their bytes. TmaRing::load is this, into a slot.
+template <int kRows, int kPanels, class T>
+__device__ __forceinline__ void tma_load_tile(T* dst, const void* tmap, int row, int bh, uint64_t* bar) {
+  ptx::mbar_arrive_expect_tx(bar, uint32_t(kPanels) * kRows * 128);
+#pragma unroll
+  for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(dst + c * kRows * 64, tmap, c * 64, row, bh, bar);
+}
+
 template <int kStages>
 struct TmaRing {
   uint64_t* full;   // [kStages]
@@ -43,9 +53,7 @@ struct TmaRing {
   // signalling the slot's full barrier, which expects their bytes.
   template <int kRows, int kPanels, class T>
   __device__ void load(int n, T* ring, const void* tmap, int row, int bh) const {
-    uint64_t* bar = expect(n, uint32_t(kPanels) * kRows * 128);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(ring + (slot(n) * kPanels + c) * kRows * 64, tmap, c * 64, row, bh, bar);
+    tma_load_tile<kRows, kPanels>(ring + slot(n) * kPanels * kRows * 64, tmap, row, bh, &full[slot(n)]);
   }
   // The producer, in iteration n of n_total: load(n + kStages - 1) into the slot tile n - 1 used, once
   // every warp released it. load(m) issues tile m's copies (after expect(m, ...)).

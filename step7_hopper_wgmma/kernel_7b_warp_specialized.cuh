@@ -40,9 +40,7 @@ __device__ __forceinline__ void produce(S& sm, const CUtensorMap* tm_q, const CU
                                         uint64_t* q_full, int it0 = 0) {
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
-  ptx::mbar_arrive_expect_tx(q_full, uint32_t(Tr::kQBytes));
-#pragma unroll
-  for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(sq + c * Br * 64, tm_q, c * 64, w.m0, w.bh, q_full);
+  step4::tma_load_tile<Br, kPanels>(sq, tm_q, w.m0, w.bh, q_full);
   for (int n = 0; n < w.n_tiles; ++n) {
     const int i = it0 + n, s = k_ring.slot(i);  // the ring's i-th use
     if (i >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(i - kStages));  // use i - kStages released
