@@ -166,6 +166,16 @@ template <int kId, int kThreads>
 __device__ __forceinline__ void named_barrier_arrive() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
+// The same with the id in a register: one copy of the code serves warps that use different barriers. ptxas
+// then counts all 16 barriers as used by the block, which matters only where blocks share an SM.
+template <int kThreads>
+__device__ __forceinline__ void named_barrier_sync_at(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+template <int kThreads>
+__device__ __forceinline__ void named_barrier_arrive_at(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
 
 // ---- programmatic dependent launch --------------------------------------------------------------
 // PTX ISA, "Parallel synchronization and communication instructions: griddepcontrol" (sm_90 and later).

@@ -28,13 +28,15 @@ namespace fa::step7 {
 
 // The turns: warpgroup cw (0 or 1) waits on barrier 1 + cw; the other arrives there. 256 threads each time.
 // A block of one consumer warpgroup (Br = 64) has no one to take turns with: kOn = false makes them no-ops.
-template <int cw, bool kOn = true>
+// cw may be a run-time value (see run_consumer).
+template <bool kOn = true>
 struct Turns {
-  __device__ static void wait() {
-    if constexpr (kOn) ptx::named_barrier_sync<1 + cw, 256>();
+  int cw;
+  __device__ void wait() const {
+    if constexpr (kOn) ptx::named_barrier_sync_at<256>(1 + cw);
   }
-  __device__ static void hand_over() {
-    if constexpr (kOn) ptx::named_barrier_arrive<2 - cw, 256>();
+  __device__ void hand_over() const {
+    if constexpr (kOn) ptx::named_barrier_arrive_at<256>(2 - cw);
   }
 };
 
@@ -48,13 +50,14 @@ struct TileSlots {
   uint64_t* q_empty = nullptr;  // 7d: every consumer warp arrives once its O has left the Q tile
 };
 
-// One consumer warpgroup's main loop and epilogue; cw = 0 or 1 as a template argument, so that the barrier
-// ids are immediates (with run-time ids ptxas reserves all 16 barriers).
-template <class Tr, int cw, class S>
+// One consumer warpgroup's main loop and epilogue; cw = 0 or 1 (run_consumer below decides whether it is a
+// constant).
+template <class Tr, class S>
 __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o, const AttnParams& p,
-                                                 const step4::QueryTileWork& w, const TileSlots<typename Tr::T>& at) {
+                                                 const step4::QueryTileWork& w, const TileSlots<typename Tr::T>& at,
+                                                 const int cw) {
   using T = typename Tr::T;
-  using Turn = Turns<cw, Tr::kConsumerWarpgroups == 2>;
+  const Turns<Tr::kConsumerWarpgroups == 2> turn{cw};
   constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   constexpr int kSTiles = Bc / 8, kOTiles = D / 8;
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
@@ -82,14 +85,14 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
     for (int kk = 0; kk < Bc / 16; ++kk) step4::acc_to_a<T>(pa[kk], s, kk);
   };
 
-  if (cw == 1 && N > 0) Turn::hand_over();  // warpgroup 0 takes the first turn
+  if (cw == 1 && N > 0) turn.hand_over();  // warpgroup 0 takes the first turn
   if (N > 0) {  // ---- tile 0: S_0 alone --------------------------------------------------------------
-    Turn::wait();
+    turn.wait();
     k_ring.wait(i0);
     wgmma_fence();
     warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(i0)]));
     wgmma_commit();
-    if (cw == 0 || N > 1) Turn::hand_over();
+    if (cw == 0 || N > 1) turn.hand_over();
     wgmma_wait<0>();
     fence_regs(s);
     k_ring.release(i0);
@@ -97,7 +100,7 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
     pack_p();
   }
   for (int n = 1; n < N; ++n) {  // ---- S_n and P_{n-1} V_{n-1} in flight together ---------------------
-    Turn::wait();
+    turn.wait();
     k_ring.wait(i0 + n);
     v_ring.wait(i0 + n - 1);
     wgmma_fence();  // o (rescaled) and pa (packed) were written by ordinary instructions
@@ -105,7 +108,7 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
     wgmma_commit();
     warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(i0 + n - 1)]));
     wgmma_commit();
-    if (cw == 0 || n < N - 1) Turn::hand_over();
+    if (cw == 0 || n < N - 1) turn.hand_over();
     wgmma_wait<1>();  // S_n has landed; P_{n-1} V_{n-1} may still run
     fence_regs(s);
     k_ring.release(i0 + n);
@@ -132,6 +135,18 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
   }
 }
 
+// Consumer warpgroup wg - 1 runs consume_pingpong: with cw in a register (one copy of the loop in the
+// binary), or, in one branch per warpgroup, with cw a constant the compiler folds in (a copy each; the turns'
+// barrier ids become immediates). Which: the configuration's kOneLoopCopy (kernel_traits.h).
+template <class Tr, class S>
+__device__ __forceinline__ void run_consumer(S& sm, const CUtensorMap* tm_o, const AttnParams& p,
+                                             const step4::QueryTileWork& w, const TileSlots<typename Tr::T>& at,
+                                             const int wg) {
+  if constexpr (Tr::kOneLoopCopy || Tr::kConsumerWarpgroups == 1) consume_pingpong<Tr>(sm, tm_o, p, w, at, wg - 1);
+  else if (wg == 1) consume_pingpong<Tr>(sm, tm_o, p, w, at, 0);
+  else consume_pingpong<Tr>(sm, tm_o, p, w, at, 1);
+}
+
 // grid = ceil(Nq / Br) * Hq * B blocks, block = 384 threads (producer + two consumer warpgroups), or 256 (one,
 // Br = 64; two blocks per SM).
 template <class Tr>
@@ -156,8 +171,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kBlocksPerSM)
   }
   setmaxnreg_inc<Tr::kConsumerRegs>();
   const TileSlots<typename Tr::T> at{sm.q, &sm.q_full};
-  if (wg == 1) consume_pingpong<Tr, 0>(sm, &tm_o, p, w, at);
-  else if constexpr (Tr::kConsumerWarpgroups == 2) consume_pingpong<Tr, 1>(sm, &tm_o, p, w, at);
+  run_consumer<Tr>(sm, &tm_o, p, w, at, wg);
 }
 
 }  // namespace fa::step7

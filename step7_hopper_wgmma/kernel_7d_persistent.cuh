@@ -109,8 +109,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int i = k % 2;
     const TileSlots<typename Tr::T> at{sm.q[i], &sm.q_full[i], uint32_t(k / 2) & 1, it, &sm.q_empty[i]};
     const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, step4::TileOrder::kTileFast, nullptr, tile);
-    if (wg == 1) consume_pingpong<Tr, 0>(sm, &tm_o, p, w, at);
-    else consume_pingpong<Tr, 1>(sm, &tm_o, p, w, at);
+    run_consumer<Tr>(sm, &tm_o, p, w, at, wg);
     it += w.n_tiles;
   }
 }

@@ -60,6 +60,11 @@ struct HopperTraits {
   // thread, the consumers take what is left, rounded down to a multiple of 8.
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = (65536 / kBlocksPerSM / 128 - kProducerRegs) / kConsumerWarpgroups / 8 * 8;
+  // How many copies of the consumer loop the binary holds (kernel_7c_pingpong.cuh, run_consumer): one, which
+  // both warpgroups run with their index cw in a register, or one per warpgroup with cw a constant. At
+  // d = 128 a copy is long enough that two running at once stall the warps on instruction fetch; at d = 64
+  // two fit, and the constant index is faster (measured: docs/results/step7.md).
+  static constexpr bool kOneLoopCopy = D == 128;
 
   static_assert(sizeof(T) == 2, "wgmma takes bf16 or fp16 operands here");
   static_assert(Br == 128 || (Br == 64 && kDesign == Design::kPingPong),
