@@ -19,27 +19,27 @@ template <typename T, int D>
 struct Configs {
   template <HopperTiles kTiles>
   using Fwd = HopperTraits<T, D, kTiles>;
-  // The chapter's tiles: 128 x 128, two K/V stages; sub-step 7c on them is the default with a causal mask.
+  // The chapter's tiles: 128 x 128, two K/V stages: the sub-steps 7a-7d run on them.
   static constexpr HopperTiles kDefault{.Br = 128, .Bc = 128, .stages = 2, .design = Design::kPingPong};
   using Default = Fwd<kDefault>;
   // At d = 64 only: blocks of one consumer warpgroup (Br = 64), two per SM (kernel_traits.h, kBlocksPerSM).
   static constexpr HopperTiles kHalf{.Br = 64, .Bc = 128, .stages = 2};
   static constexpr HopperTiles kHalfLong{.Br = 64, .Bc = 176, .stages = 2};
-  // The default depends on the mask and on the length of a query tile's work, Nk (measured on the H100:
-  // docs/results/step7.md, run4 at d = 128, run5 at d = 64). Short rows are a few K/V trips, and the start
-  // and end of each tile weigh most: without a mask 7d's persistent blocks hide them (up to kShortKeys keys);
-  // at d = 64, where a trip is short, two blocks per SM of 64 rows each hide them better up to 4096 keys, and
-  // with a causal mask up to kShortCausalKeys (at d = 128, 7c's own blocks). Long rows take 176-key tiles:
-  // fewer, longer trips.
-  static constexpr int64_t kShortKeys = D == 128 ? 4096 : 1024;  // non-causal: 7d up to here
-  static constexpr int64_t kHalfKeys = 4096;                     // non-causal, d = 64: then Br = 64 up to here
-  static constexpr int64_t kShortCausalKeys = 8192;              // causal: 128 x 128 tiles up to here
+  // The default depends on the head dim, the mask and the length of a query tile's work, Nk (measured on the
+  // H100: docs/results/step7.md, runs 5-7). Short rows are a few K/V trips, and the start and end of each tile
+  // weigh most: 7d's persistent blocks hide them, with or without a mask at d = 128 (up to kShortKeys); at
+  // d = 64, where a trip is short, two blocks per SM of 64 rows each hide them better from there to 4096 keys
+  // without a mask, and up to kShortCausalKeys with one. Long rows take 176-key tiles: fewer, longer trips.
+  static constexpr int64_t kShortKeys = D == 128 ? 2048 : 1024;  // 7d up to here (at d = 64 non-causal only)
+  static constexpr int64_t kHalfKeys = 4096;                     // d = 64 non-causal: then Br = 64 up to here
+  static constexpr int64_t kShortCausalKeys = 8192;              // d = 64 causal: Br = 64 up to here
   static constexpr HopperTiles kShort = substep(kDefault, Design::kPersistent);
   static constexpr HopperTiles kLong{.Br = 128, .Bc = 176, .stages = 2, .design = Design::kPingPong};
   static constexpr HopperTiles choose(bool causal, int64_t Nk) {
-    if (causal) return Nk > kShortCausalKeys ? kLong : D == 64 ? kHalf : kDefault;
+    if (D == 128) return Nk <= kShortKeys ? kShort : kLong;
+    if (causal) return Nk <= kShortCausalKeys ? kHalf : kLong;
     if (Nk <= kShortKeys) return kShort;
-    return D == 64 && Nk <= kHalfKeys ? kHalf : kLong;
+    return Nk <= kHalfKeys ? kHalf : kLong;
   }
   // Every configuration --variant can name: the chapter's sub-steps at the default's tiles, other tiles.
   using Common = ConfigList<Fwd<substep(kDefault, Design::kWgmma)>, Fwd<substep(kDefault, Design::kSpecialized)>,

@@ -11,8 +11,9 @@
 //    two named barriers (gpu/ptx.h), so one warpgroup's softmax (exp2 on the multi-function unit) runs while
 //    the other's products occupy the tensor cores. A warpgroup waits for its turn (bar.sync on its barrier,
 //    which completes when the other warpgroup arrives), issues, and hands the turn over (bar.arrive on the
-//    other's barrier). Warpgroup 1 lets warpgroup 0 start; each takes one turn per K/V tile, so warpgroup 1
-//    hands over one turn fewer than it takes (its last would have no one to take it).
+//    other's barrier). Each takes one turn per K/V tile and hands every turn over; warpgroup 1 lets warpgroup
+//    0 take the block's first, and warpgroup 0 takes warpgroup 1's last hand-over once it has no turn left
+//    (Turns::open, close), so that in 7d the turns run on from one query tile to the next.
 // Per K/V tile n >= 1, in a warpgroup:   [turn] S_n = Q K_n^T, O += P_{n-1} V_{n-1}  [hand over]
 //   wait S_n -> mask, m_n, P_n, l_n, alpha_n -> wait P_{n-1} V_{n-1} -> O *= alpha_n -> pack P_n
 // and after the loop O += P_last V_last. The equations are 7a's, reordered.
@@ -37,6 +38,16 @@ struct Turns {
   }
   __device__ void hand_over() const {
     if constexpr (kOn) ptx::named_barrier_arrive_at<256>(2 - cw);
+  }
+  // Before the block's first turn: warpgroup 1 hands warpgroup 0 the first. After the last: warpgroup 0 takes
+  // warpgroup 1's last hand-over, so that every arrival on barrier 1 has its wait.
+  __device__ void open() const {
+    if constexpr (kOn)
+      if (cw == 1) hand_over();
+  }
+  __device__ void close() const {
+    if constexpr (kOn)
+      if (cw == 0) wait();
   }
 };
 
@@ -85,14 +96,13 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
     for (int kk = 0; kk < Bc / 16; ++kk) step4::acc_to_a<T>(pa[kk], s, kk);
   };
 
-  if (cw == 1 && N > 0) turn.hand_over();  // warpgroup 0 takes the first turn
   if (N > 0) {  // ---- tile 0: S_0 alone --------------------------------------------------------------
     turn.wait();
     k_ring.wait(i0);
     wgmma_fence();
     warpgroup_qk<T, Br, Bc, D>(s, q_rows, ptx::smem_u32(sm.k[k_ring.slot(i0)]));
     wgmma_commit();
-    if (cw == 0 || N > 1) turn.hand_over();
+    turn.hand_over();
     wgmma_wait<0>();
     fence_regs(s);
     k_ring.release(i0);
@@ -108,7 +118,7 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
     wgmma_commit();
     warpgroup_pv<T, Bc, D>(o, pa, ptx::smem_u32(sm.v[v_ring.slot(i0 + n - 1)]));
     wgmma_commit();
-    if (cw == 0 || n < N - 1) turn.hand_over();
+    turn.hand_over();
     wgmma_wait<1>();  // S_n has landed; P_{n-1} V_{n-1} may still run
     fence_regs(s);
     k_ring.release(i0 + n);
@@ -171,7 +181,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kBlocksPerSM)
   }
   setmaxnreg_inc<Tr::kConsumerRegs>();
   const TileSlots<typename Tr::T> at{sm.q, &sm.q_full};
+  const Turns<Tr::kConsumerWarpgroups == 2> turns{wg - 1};
+  turns.open();
   run_consumer<Tr>(sm, &tm_o, p, w, at, wg);
+  turns.close();
 }
 
 }  // namespace fa::step7

@@ -14,12 +14,16 @@
 //    consumer warp's O has left it; the producer waits for that before it loads the tile after next there;
 //  - the phases: the ring's slot and parity come from a use count that runs over all tiles of the block
 //    (TileSlots::it0); Q tile i's barriers complete once per use (parity = (k / 2) % 2 for the block's tile k);
-//  - which tile is next: the producer warp takes it (atomicAdd on TileCounter::next, one tile ahead so the
-//    atomic's trip hides behind the current tile's loads) and hands it to the consumers through one int of
-//    shared memory (PersistentSmem::tile) and two named barriers, as FlashAttention-3's scheduler does:
-//    kTileFull (the producer warp arrives once it has written the index, the consumers sync, then read) and
-//    kTileEmpty (the consumers arrive once they have read it, the producer warp syncs before the next write).
-//    "No tile left" is an index past the end.
+//  - which tile is next: the producer thread takes it (atomicAdd on TileCounter::next, one tile ahead so the
+//    atomic's trip hides behind the current tile's loads) and hands it to the consumers through a slot of
+//    shared memory (PersistentSmem::tile, two slots used alternately like the Q tiles) and two mbarriers per
+//    slot: tile_full (the producer arrives once it has written the index) and tile_empty (each consumer thread
+//    arrives once it has read it; the producer waits for that before it writes the slot again). "No tile
+//    left" is an index past the end;
+//  - each warpgroup goes on to its next tile on its own: warpgroup 0, a turn ahead, starts the next tile's
+//    products while warpgroup 1 still finishes and stores this one, and the turns (7c) run on across tiles.
+//    A hand-over that made all consumers meet (one named barrier over both warpgroups) restarted the
+//    ping-pong at every tile.
 // Why a counter and not a fixed stride (block b visiting tiles b, b + grid, ...): with a causal mask tiles
 // differ in length, and a fixed stride hands some blocks only long tiles. With the counter a block that
 // finishes early takes the next tile, and as tiles are handed out in step 4's order (a head's query tiles
@@ -42,10 +46,6 @@ struct TileCounter {
   int next, done;
 };
 
-// The tile index hand-over: the producer warp (32 threads) and the two consumer warpgroups (256); barriers
-// 1 and 2 are 7c's turns.
-constexpr int kTileFull = 3, kTileEmpty = 4, kHandOverThreads = 32 + 256;
-
 // grid = min(tiles, SMs) blocks, block = 384 threads (producer + two consumer warpgroups).
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -60,6 +60,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int i = 0; i < 2; ++i) {
       ptx::mbar_init(&sm.q_full[i], 1);
       ptx::mbar_init(&sm.q_empty[i], Tr::kConsumerWarps);
+      ptx::mbar_init(&sm.tile_full[i], 1);
+      ptx::mbar_init(&sm.tile_empty[i], 32 * Tr::kConsumerWarps);
     }
     step4::TmaRing<Tr::kStages>{sm.k_full, sm.k_empty}.init(Tr::kConsumerWarps);
     step4::TmaRing<Tr::kStages>{sm.v_full, sm.v_empty}.init(Tr::kConsumerWarps);
@@ -67,51 +69,47 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   __syncthreads();  // the barriers exist before anyone waits on them (the last block-wide barrier)
 
-  if (wg == 0) {  // ---- the producer: 7b's, tile after tile, in warp 0 (lane 0 copies) --------------------
+  if (wg == 0) {  // ---- the producer: 7b's, tile after tile, in one thread --------------------------------
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (threadIdx.x >= 32) return;
-    const bool lane0 = threadIdx.x == 0;
+    if (threadIdx.x != 0) return;
     int it = 0;  // K/V tiles the ring carried so far
-    for (int tile = blockIdx.x, k = 0;; ++k) {  // the block's k-th tile goes to Q tile i = k % 2
+    for (int tile = blockIdx.x, k = 0;; ++k) {  // the block's k-th tile: Q tile and index slot i = k % 2
       const int i = k % 2;
-      if (k > 0) ptx::named_barrier_sync<kTileEmpty, kHandOverThreads>();  // the last index was read
-      if (lane0) sm.tile = tile;
-      ptx::named_barrier_arrive<kTileFull, kHandOverThreads>();  // ... and this one may be
+      if (k >= 2) ptx::mbar_wait(&sm.tile_empty[i], uint32_t(k / 2 - 1) & 1);  // every consumer read index k - 2
+      sm.tile[i] = tile;
+      ptx::mbar_arrive(&sm.tile_full[i]);  // a release: the index is seen by whoever waits for this phase
       if (tile >= num_tiles) break;
-      int next = 0;
-      if (lane0) {
-        next = int(gridDim.x) + atomicAdd(&counter->next, 1);  // used after this tile's loads
-        if (k >= 2) ptx::mbar_wait(&sm.q_empty[i], uint32_t(k / 2 - 1) & 1);  // tile k - 2's O has left Q tile i
-        const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, step4::TileOrder::kTileFast, nullptr, tile);
-        produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w, sm.q[i], &sm.q_full[i], it);
-        it += w.n_tiles;
-      }
-      tile = __shfl_sync(0xffffffffu, next, 0);  // the warp meets again here
+      const int next = int(gridDim.x) + atomicAdd(&counter->next, 1);  // used after this tile's loads
+      if (k >= 2) ptx::mbar_wait(&sm.q_empty[i], uint32_t(k / 2 - 1) & 1);  // tile k - 2's O has left Q tile i
+      const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, step4::TileOrder::kTileFast, nullptr, tile);
+      produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w, sm.q[i], &sm.q_full[i], it);
+      it += w.n_tiles;
+      tile = next;
     }
-    ptx::named_barrier_sync<kTileEmpty, kHandOverThreads>();  // the consumers' last arrival (they read "none")
-    if (lane0) {
-      __threadfence();  // this block's last atomicAdd on `next` is done before it counts itself out
-      if (atomicAdd(&counter->done, 1) == int(gridDim.x) - 1) {  // every block has taken its last tile
-        counter->next = 0;
-        counter->done = 0;
-      }
+    __threadfence();  // this block's last atomicAdd on `next` is done before it counts itself out
+    if (atomicAdd(&counter->done, 1) == int(gridDim.x) - 1) {  // every block has taken its last tile
+      counter->next = 0;
+      counter->done = 0;
     }
     return;
   }
 
-  // ---- the consumers: 7c's loop body, tile after tile ------------------------------------------------------
+  // ---- the consumers: 7c's loop body, tile after tile, each warpgroup at its own pace ----------------------
   setmaxnreg_inc<Tr::kConsumerRegs>();
+  const Turns<Tr::kConsumerWarpgroups == 2> turns{wg - 1};
+  turns.open();
   for (int it = 0, k = 0;; ++k) {
-    ptx::named_barrier_sync<kTileFull, kHandOverThreads>();  // the producer has written the index
-    const int tile = sm.tile;
-    ptx::named_barrier_arrive<kTileEmpty, kHandOverThreads>();  // ... which it may overwrite now
-    if (tile >= num_tiles) break;
     const int i = k % 2;
+    ptx::mbar_wait(&sm.tile_full[i], uint32_t(k / 2) & 1);  // the producer has written index k
+    const int tile = sm.tile[i];
+    ptx::mbar_arrive(&sm.tile_empty[i]);  // every thread: an arrive releases the arriving thread's own read
+    if (tile >= num_tiles) break;
     const TileSlots<typename Tr::T> at{sm.q[i], &sm.q_full[i], uint32_t(k / 2) & 1, it, &sm.q_empty[i]};
     const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, step4::TileOrder::kTileFast, nullptr, tile);
     run_consumer<Tr>(sm, &tm_o, p, w, at, wg);
     it += w.n_tiles;
   }
+  turns.close();
 }
 
 }  // namespace fa::step7

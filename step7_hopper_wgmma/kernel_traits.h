@@ -92,7 +92,8 @@ struct PersistentSmem {
   uint64_t q_full[2], q_empty[2];    // Q tile i landed; every consumer warp's O has left it
   uint64_t k_full[Tr::kStages], v_full[Tr::kStages];
   uint64_t k_empty[Tr::kStages], v_empty[Tr::kStages];
-  int tile;                          // the next query tile, from the producer warp (kernel_7d_persistent.cuh)
+  uint64_t tile_full[2], tile_empty[2];  // index slot i written; every consumer thread has read it
+  int tile[2];                       // the block's query tiles k (slot k % 2), from the producer (kernel_7d_persistent.cuh)
 
   static constexpr size_t kBytes() { return step4::kSmemAlignSlack + sizeof(PersistentSmem); }
 };

@@ -59,22 +59,29 @@ TEST(Step7Stage, SubstepsAreVariantsAndTheBackwardIsStep5s) {
   EXPECT_EQ(s.backward_from, "step5_backward");
 }
 
-// The default per problem (configs.h, choose). With a causal mask: 128 x 128 tiles (7c; at d = 64 two blocks
-// of 64 rows per SM) up to 8192 keys, 7c with 176-key tiles beyond. Without one: 7d up to 1024 keys (d = 64) or
-// 4096 (d = 128); at d = 64 then the 64-row blocks up to 4096; 7c with 176-key tiles beyond.
+// The default per problem (configs.h, choose). At d = 128, with a mask or without: 7d up to 2048 keys, 7c with
+// 176-key tiles beyond. At d = 64 with a causal mask: two blocks of 64 rows per SM up to 8192 keys, then 7c
+// with 176-key tiles; without one: 7d up to 1024 keys, the 64-row blocks up to 4096, 176-key tiles beyond.
 TEST(Step7Stage, AutoPicksByMaskAndKeyLength) {
   const Stage& s = find_stage(kStage);
   for (const int64_t d : {64, 128}) {
     auto config = [&](bool causal, int64_t Nk) {
       return s.config_of(to_problem({1, 4, 4, 512, Nk, d, causal, kDefaultPos, DType::bf16, 0.0f}, false), "auto", 9);
     };
-    const std::string causal_tiles = d == 64 ? "7c-Br64-Bc128-S2" : "7c-Br128-Bc128-S2";
-    EXPECT_EQ(config(true, 512), causal_tiles);
-    EXPECT_EQ(config(true, 8192), causal_tiles);
+    if (d == 128) {
+      for (const bool causal : {false, true}) {
+        EXPECT_EQ(config(causal, 512), "7d-Br128-Bc128-S2");
+        EXPECT_EQ(config(causal, 2048), "7d-Br128-Bc128-S2");
+        EXPECT_EQ(config(causal, 2049), "7c-Br128-Bc176-S2");
+      }
+      continue;
+    }
+    EXPECT_EQ(config(true, 512), "7c-Br64-Bc128-S2");
+    EXPECT_EQ(config(true, 8192), "7c-Br64-Bc128-S2");
     EXPECT_EQ(config(true, 8193), "7c-Br128-Bc176-S2");
-    const int64_t short_keys = d == 128 ? 4096 : 1024;
-    EXPECT_EQ(config(false, short_keys), "7d-Br128-Bc128-S2");
-    EXPECT_EQ(config(false, short_keys + 1), d == 64 ? "7c-Br64-Bc128-S2" : "7c-Br128-Bc176-S2");
+    EXPECT_EQ(config(false, 1024), "7d-Br128-Bc128-S2");
+    EXPECT_EQ(config(false, 1025), "7c-Br64-Bc128-S2");
+    EXPECT_EQ(config(false, 4096), "7c-Br64-Bc128-S2");
     EXPECT_EQ(config(false, 4097), "7c-Br128-Bc176-S2");
   }
 }
