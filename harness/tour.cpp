@@ -65,7 +65,10 @@ int main(int argc, char** argv) {
       std::vector<std::string> variants = s.variants.empty() ? std::vector<std::string>{""} : s.variants;
       const bool tune = o.tuned && !s.tuning_variants.empty() && unavailable.empty();
       fa::Problem ps = p;  // the stage's problem: the tuner may set its split count
-      if (tune) variants = {o.tuner(s, ps)};
+      if (tune) {
+        std::fflush(stdout);  // the rows so far come before the tuner's progress (stderr) when both go to a file
+        variants = {o.tuner(s, ps)};
+      }
       for (const std::string& v : variants) {
         std::printf("%-34s %-32s ", s.name.c_str(), v.c_str());
         std::fflush(stdout);
