@@ -20,7 +20,8 @@ Three measurements, all in one run, written to ONE JSON (docs/results/mods-<gpu>
     python3 docs/bench/mods_bench.py --build build --quick     # N = 4096 only, d = 128: a smoke test
 
 Each stage run is `STAGE --bench --json F --dtype bf16 ... [modifier flags]`: the harness's median of CUDA-event
-times after a warm-up, the L2 flushed before each. The peers: time_cuda of sweep.py (the same rule).
+times after a warm-up, the L2 flushed before each. The peers: time_cuda of sweep.py (the same rule, and the
+same lead before each run: sweep.py --peer-lead-cycles).
 Noise between runs of one build on the H100 is about +-2 %: differences below that are not claims.
 """
 import argparse
@@ -176,7 +177,8 @@ def main():
         else:
             torch, _, sdpa_kernel = tp
             from torch.nn.attention import SDPBackend
-            flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+            before = sweep.make_before(torch, torch.empty(512 << 20, dtype=torch.uint8, device="cuda"),
+                                       sweep.DEFAULT_PEER_LEAD)
             mask = torch.frombuffer(bytearray(data), dtype=torch.float32).view(1, 1, n, n).to("cuda", torch.bfloat16)
             for d in dims:
                 for causal in (False, True):
@@ -197,7 +199,7 @@ def main():
                         def work():
                             with sdpa_kernel([be]), torch.no_grad():
                                 f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
-                                return sweep.time_cuda(torch, f, flush)
+                                return sweep.time_cuda(torch, f, before)
                         ms, perr = sweep.attempt(torch, work)
                         r[name + "_ms"], r[name + "_error"] = ms, perr
                         if ms and r["ours_ms"]:

@@ -227,12 +227,23 @@ def load_torch():
     return torch, backends, sdpa_kernel
 
 
-def time_cuda(torch, fn, flush):
-    """Median CUDA-event time of fn in ms: warm-up, then 5..100 runs filling ~0.3 s, L2 flushed before each."""
+def make_before(torch, flush, lead_cycles):
+    """What time_cuda runs ahead of each timed call, outside the timed region: the L2 flush (flush, a buffer
+    of twice the L2 size, zeroed), then the lead (--peer-lead-cycles)."""
+    def before():
+        flush.zero_()
+        if lead_cycles:  # the GPU spins while Python dispatches the timed call: the start event waits for no CPU
+            torch.cuda._sleep(lead_cycles)
+    return before
+
+
+def time_cuda(torch, fn, before):
+    """Median CUDA-event time of fn in ms: warm-up, then 5..100 runs filling ~0.3 s, before() ahead of each
+    outside the timed region (the L2 flush and the lead: see --peer-lead-cycles)."""
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def once():
-        flush.zero_()
+        before()
         start.record()
         fn()
         stop.record()
@@ -254,7 +265,7 @@ def attempt(torch, work):
         return None, last_error_line(str(e)) or type(e).__name__
 
 
-def time_peer(tp, backend, s, seed, flush):
+def time_peer(tp, backend, s, seed, before):
     """{mode: (ms, error)} of SDPA with one backend on shape s; the backward timed alone on a retained graph."""
     torch, backends, sdpa_kernel = tp
     F = torch.nn.functional
@@ -271,14 +282,23 @@ def time_peer(tp, backend, s, seed, flush):
 
         def time_fwd():
             with torch.no_grad():
-                return time_cuda(torch, fwd, flush)
+                return time_cuda(torch, fwd, before)
 
         def time_bwd():
             out = fwd()
-            return time_cuda(torch, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), flush)
+            return time_cuda(torch, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), before)
 
         return {"fwd": attempt(torch, time_fwd), "bwd": attempt(torch, time_bwd)}
 
+
+# How the peers (and the decode roof) are timed: the JSON's peer_timing; each peer record keeps its lead_cycles.
+# GPU cycles, about 0.25 ms on an H100: more than Python takes to dispatch an SDPA call or its backward.
+DEFAULT_PEER_LEAD = 500000
+PEER_TIMING = ("CUDA events around one call from Python; before each run, outside the timed region: the L2 "
+               "flushed (2 x L2 bytes zeroed) and then, unless lead_cycles is 0, torch.cuda._sleep(lead_cycles): "
+               "the GPU spins while Python dispatches the call, so that the start event does not wait for the "
+               "CPU (the stages' C++ launch takes a few microseconds, less than the flush, and needs no lead). "
+               "3 warm-ups, then the median of 5-100 runs filling ~0.3 s.")
 
 # How a decode point is handed to each SDPA backend (the records' gqa and mask; the JSON's peer_ways).
 PEER_WAYS = {
@@ -317,7 +337,7 @@ def decode_mask(torch, backend, s):
     return mask.masked_fill_(~seen, float("-inf")), way
 
 
-def time_decode_peer(tp, backend, s, seed, flush):
+def time_decode_peer(tp, backend, s, seed, before):
     """(ms, error, how) of one SDPA backend on a decode point, forward only; how: gqa, mask, kv_heads.
     GQA: enable_gqa=True first (K/V stay at Hkv heads); where the backend refuses it, K/V repeated to Hq."""
     torch, backends, sdpa_kernel = tp
@@ -340,7 +360,7 @@ def time_decode_peer(tp, backend, s, seed, flush):
     def timed(k, v, **gqa):
         call = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, **gqa)
         with sdpa_kernel([backends[backend]]), torch.no_grad():
-            return time_cuda(torch, call, flush)
+            return time_cuda(torch, call, before)
 
     if s["Hkv"] == s["Hq"]:
         ms, err = attempt(torch, lambda: timed(k, v))
@@ -353,17 +373,16 @@ def time_decode_peer(tp, backend, s, seed, flush):
     return ms, err2, dict(gqa="repeat_interleave", gqa_error=err, mask=mask_way, kv_heads=s["Hq"])
 
 
-def copy_roof(torch, flush, nbytes=2 << 30):
+def copy_roof(torch, before, nbytes=2 << 30):
     """The decode plot's roof: the GPU's copy bandwidth, (bytes read + bytes written) / the median time of a
     device-to-device copy far larger than L2, timed like the peers. Returns (GB/s, how it was measured)."""
     src = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = time_cuda(torch, lambda: dst.copy_(src), flush)
+    ms = time_cuda(torch, lambda: dst.copy_(src), before)
     src = dst = None  # the 4 GiB back to the peers
     torch.cuda.empty_cache()
     how = (f"dst.copy_(src) of {nbytes >> 20} MiB contiguous uint8 on the GPU (a device-to-device cudaMemcpy); "
-           "GB/s = 2 * bytes (read + written) / time; CUDA events, 3 warm-ups, median of 5-100 runs filling ~0.3 s, "
-           "L2 flushed before each")
+           "GB/s = 2 * bytes (read + written) / time; timed as the peers (peer_timing)")
     return 2 * nbytes / (ms * 1e-3) / 1e9, how
 
 
@@ -502,6 +521,10 @@ def main():
                     help="merge into an existing --out file (a sweep split over several runs); "
                          "a point measured again replaces the old record")
     ap.add_argument("--timeout", type=int, default=600, help="seconds allowed per point (default: 600)")
+    ap.add_argument("--peer-lead-cycles", type=int, default=DEFAULT_PEER_LEAD, metavar="CYCLES",
+                    help="before each timed peer run the GPU spins this many cycles (torch.cuda._sleep), so that "
+                         "Python's dispatch of the call is not timed (default: 500000, about 0.25 ms; 0: no lead, "
+                         "as every sweep committed up to 2026-11-23 was timed)")
     ap.add_argument("--against", metavar="VARIANT",
                     help="each stage also times VARIANT of itself at every point, alternating with the main "
                          "run (--bench-against); records get against_ms")
@@ -576,12 +599,12 @@ def main():
 
     # The decode sweep's roof: measured by PyTorch, which is there even when the peers are not wanted.
     roof_tp = (tp or load_torch()) if a.decode else None
-    flush = None
+    before, lead = None, a.peer_lead_cycles
     if tp or roof_tp:
         torch = (tp or roof_tp)[0]
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
-        flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
-    copy_gbps, copy_how = copy_roof(roof_tp[0], flush) if roof_tp else (None, None)
+        before = make_before(torch, torch.empty(2 * l2, dtype=torch.uint8, device="cuda"), lead)
+    copy_gbps, copy_how = copy_roof(roof_tp[0], before) if roof_tp else (None, None)
     if copy_gbps:
         print(f"copy roof: {copy_gbps:.0f} GB/s ({copy_how})", flush=True)
     peak = None if a.decode else mma_peak(build, a.timeout)
@@ -604,12 +627,13 @@ def main():
         for n, s in enumerate(points):
             i += 1
             if a.decode:
-                ms, err, how = time_decode_peer(tp, peer, s, seed=n, flush=flush)
+                ms, err, how = time_decode_peer(tp, peer, s, seed=n, before=before)
                 new = [record(peer, "peer", "", s, "decode", ms=ms, error=err,
-                              extra=dict(decode_fields(s, ms, how.get("kv_heads")), **how))]
+                              extra=dict(decode_fields(s, ms, how.get("kv_heads")), **how, lead_cycles=lead))]
             else:
-                res = time_peer(tp, peer, s, seed=n, flush=flush)
-                new = [record(peer, "peer", "", s, m, ms=ms, error=err) for m, (ms, err) in res.items()]
+                res = time_peer(tp, peer, s, seed=n, before=before)
+                new = [record(peer, "peer", "", s, m, ms=ms, error=err, extra=dict(lead_cycles=lead))
+                       for m, (ms, err) in res.items()]
             progress(i, total, describe(peer, s), new)
             recs += new
 
@@ -640,6 +664,8 @@ def main():
         result.update(
             dtype="bf16", tokens=TOKENS, width=WIDTH, mma_peak_tflops=(peak or {}).get("tflops"),
             convention="TFLOP/s; fwd = 4*B*Hq*N*N*d (halved when causal); bwd = 2.5x fwd; B*N = 16384; Hq*d = 2048")
+    if any_tp:
+        result.update(peer_timing=PEER_TIMING)
     result.update(check=a.check, quick=a.quick, records=recs)
     out = a.out or os.path.join(ROOT, "docs", "results",
                                 f"sweep{'-decode' if a.decode else ''}-{slug(gpu)}-{now:%Y-%m-%d}.json")
