@@ -30,7 +30,7 @@ struct Configs {
   // weigh most: 7d's persistent blocks hide them, with or without a mask at d = 128 (up to kShortKeys); at
   // d = 64, where a trip is short, two blocks per SM of 64 rows each hide them better from there to 4096 keys
   // without a mask, and up to kShortCausalKeys with one. Long rows take 176-key tiles: fewer, longer trips.
-  static constexpr int64_t kShortKeys = D == 128 ? 2048 : 1024;  // 7d up to here (at d = 64 non-causal only)
+  static constexpr int64_t kShortKeys = D == 128 ? 2048 : 1024;  // 7d up to here (d = 128: either mask; d = 64: none)
   static constexpr int64_t kHalfKeys = 4096;                     // d = 64 non-causal: then Br = 64 up to here
   static constexpr int64_t kShortCausalKeys = 8192;              // d = 64 causal: Br = 64 up to here
   static constexpr HopperTiles kShort = substep(kDefault, Design::kPersistent);

@@ -51,6 +51,10 @@ struct Turns {
   }
 };
 
+// The turns of a block of Tr: taken with two consumer warpgroups, none with one.
+template <class Tr>
+using BlockTurns = Turns<Tr::kConsumerWarpgroups == 2>;
+
 // Where a query tile's data lives for the consumers: 7c's block has one tile, 7d's persistent block many.
 template <class T>
 struct TileSlots {
@@ -68,7 +72,7 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
                                                  const step4::QueryTileWork& w, const TileSlots<typename Tr::T>& at,
                                                  const int cw) {
   using T = typename Tr::T;
-  const Turns<Tr::kConsumerWarpgroups == 2> turn{cw};
+  const BlockTurns<Tr> turn{cw};
   constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   constexpr int kSTiles = Bc / 8, kOTiles = D / 8;
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
@@ -181,7 +185,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kBlocksPerSM)
   }
   setmaxnreg_inc<Tr::kConsumerRegs>();
   const TileSlots<typename Tr::T> at{sm.q, &sm.q_full};
-  const Turns<Tr::kConsumerWarpgroups == 2> turns{wg - 1};
+  const BlockTurns<Tr> turns{wg - 1};
   turns.open();
   run_consumer<Tr>(sm, &tm_o, p, w, at, wg);
   turns.close();

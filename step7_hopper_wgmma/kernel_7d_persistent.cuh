@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // ---- the consumers: 7c's loop body, tile after tile, each warpgroup at its own pace ----------------------
   setmaxnreg_inc<Tr::kConsumerRegs>();
-  const Turns<Tr::kConsumerWarpgroups == 2> turns{wg - 1};
+  const BlockTurns<Tr> turns{wg - 1};
   turns.open();
   for (int it = 0, k = 0;; ++k) {
     const int i = k % 2;
