@@ -1,7 +1,11 @@
 // FlashAttention, step by step — gpu/cuda_util.cpp
 #include "gpu/cuda_util.h"
 
+#include <cstdlib>
+
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -111,6 +115,15 @@ GpuTimer::GpuTimer() {
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
   scratch_ = DeviceBuffer(size_t(2) * size_t(l2));
+  // The lead (docs/conventions.md, timing): after each L2 flush the GPU spins this many cycles before the start
+  // event. docs/bench/sweep.py sets it to the lead its PyTorch peers get, so that both sides are timed alike.
+  if (const char* s = std::getenv("FA_TIMING_LEAD_CYCLES"); s && *s) {
+    char* end = nullptr;
+    const long long v = std::strtoll(s, &end, 10);
+    if (*end != '\0' || v < 0)
+      throw std::invalid_argument(std::string("FA_TIMING_LEAD_CYCLES must be a number of GPU cycles >= 0, not '") + s + "'");
+    lead_cycles_ = v;
+  }
 }
 
 GpuTimer::~GpuTimer() {
@@ -118,6 +131,9 @@ GpuTimer::~GpuTimer() {
   cudaEventDestroy(stop_);
 }
 
-void GpuTimer::flush_l2() { CUDA_CHECK(cudaMemsetAsync(scratch_.get(), 0, scratch_.bytes())); }
+void GpuTimer::flush_l2() {
+  CUDA_CHECK(cudaMemsetAsync(scratch_.get(), 0, scratch_.bytes()));
+  if (lead_cycles_ > 0) gpu_spin(lead_cycles_);
+}
 
 }  // namespace fa

@@ -61,6 +61,8 @@ DeviceBuffer upload(const Tensor& x, DType t);
 Tensor download(const DeviceBuffer& b, DType t, std::vector<int64_t> shape);
 Tensor download_f32(const DeviceBuffer& b, std::vector<int64_t> shape);
 
+void gpu_spin(long long cycles);  // one GPU thread busy for `cycles` clock cycles (gpu/spin.cu)
+
 // CUDA-event timing of work launched on the default stream, with an L2 flush available between runs.
 class GpuTimer {
  public:
@@ -79,6 +81,7 @@ class GpuTimer {
   void flush_l2();  // writes a buffer twice the L2 size, outside any timed region
 
  private:
+  long long lead_cycles_ = 0;  // GPU cycles spun after each flush (FA_TIMING_LEAD_CYCLES; default 0)
   cudaEvent_t start_, stop_;
   DeviceBuffer scratch_;
 };

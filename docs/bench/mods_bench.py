@@ -21,7 +21,7 @@ Three measurements, all in one run, written to ONE JSON (docs/results/mods-<gpu>
 
 Each stage run is `STAGE --bench --json F --dtype bf16 ... [modifier flags]`: the harness's median of CUDA-event
 times after a warm-up, the L2 flushed before each. The peers: time_cuda of sweep.py (the same rule, and the
-same lead before each run: sweep.py --peer-lead-cycles).
+same lead before each run, given to the stages too: sweep.py --lead-cycles).
 Noise between runs of one build on the H100 is about +-2 %: differences below that are not claims.
 """
 import argparse
@@ -78,7 +78,7 @@ def shape(n, d, causal, batch_tokens=16384, width=2048):
 
 
 def run(exe, s, flags, backward=False, timeout=900, variant=None):
-    rec, err = sweep.run_stage(exe, s, variant, backward, False, timeout, extra=flags)
+    rec, err = sweep.run_stage(exe, s, variant, backward, False, timeout, extra=flags, lead=sweep.DEFAULT_LEAD)
     if err:
         print(f"    {' '.join(flags) or 'plain'}: {err}", flush=True)
         return None, err
@@ -178,7 +178,7 @@ def main():
             torch, _, sdpa_kernel = tp
             from torch.nn.attention import SDPBackend
             before = sweep.make_before(torch, torch.empty(512 << 20, dtype=torch.uint8, device="cuda"),
-                                       sweep.DEFAULT_PEER_LEAD)
+                                       sweep.DEFAULT_LEAD)
             mask = torch.frombuffer(bytearray(data), dtype=torch.float32).view(1, 1, n, n).to("cuda", torch.bfloat16)
             for d in dims:
                 for causal in (False, True):

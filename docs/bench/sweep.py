@@ -192,15 +192,17 @@ def shape_flags(s):
             "--seq-q", str(s["Nq"]), "--seq-k", str(s["Nk"]), "--dim", str(s["d"])]
 
 
-def run_stage(exe, s, variant, backward, check, timeout, extra=()):
-    """One executable run: returns (harness JSON record or None, error string or None)."""
+def run_stage(exe, s, variant, backward, check, timeout, extra=(), lead=0):
+    """One executable run: returns (harness JSON record or None, error string or None). lead: GPU cycles the
+    harness spins after each L2 flush, before the start event (FA_TIMING_LEAD_CYCLES; the peers' lead)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rec.jsonl")
         cmd = [exe, "--bench", "--json", out, "--dtype", "bf16"] + shape_flags(s) + list(extra)
         cmd += ["--causal"] * s["causal"] + ["--backward"] * backward + ["--check"] * check
         cmd += ["--variant", variant] if variant else []
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                               env=dict(os.environ, FA_TIMING_LEAD_CYCLES=str(lead)))
         except subprocess.TimeoutExpired:
             return None, f"timed out after {timeout} s"
         rec = None
@@ -229,7 +231,7 @@ def load_torch():
 
 def make_before(torch, flush, lead_cycles):
     """What time_cuda runs ahead of each timed call, outside the timed region: the L2 flush (flush, a buffer
-    of twice the L2 size, zeroed), then the lead (--peer-lead-cycles)."""
+    of twice the L2 size, zeroed), then the lead (--lead-cycles)."""
     def before():
         flush.zero_()
         if lead_cycles:  # the GPU spins while Python dispatches the timed call: the start event waits for no CPU
@@ -239,7 +241,7 @@ def make_before(torch, flush, lead_cycles):
 
 def time_cuda(torch, fn, before):
     """Median CUDA-event time of fn in ms: warm-up, then 5..100 runs filling ~0.3 s, before() ahead of each
-    outside the timed region (the L2 flush and the lead: see --peer-lead-cycles)."""
+    outside the timed region (the L2 flush and the lead: see --lead-cycles)."""
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def once():
@@ -293,11 +295,13 @@ def time_peer(tp, backend, s, seed, before):
 
 # How the peers (and the decode roof) are timed: the JSON's peer_timing; each peer record keeps its lead_cycles.
 # GPU cycles, about 0.25 ms on an H100: more than Python takes to dispatch an SDPA call or its backward.
-DEFAULT_PEER_LEAD = 500000
+DEFAULT_LEAD = 500000
 PEER_TIMING = ("CUDA events around one call from Python; before each run, outside the timed region: the L2 "
                "flushed (2 x L2 bytes zeroed) and then, unless lead_cycles is 0, torch.cuda._sleep(lead_cycles): "
                "the GPU spins while Python dispatches the call, so that the start event does not wait for the "
-               "CPU (the stages' C++ launch takes a few microseconds, less than the flush, and needs no lead). "
+               "CPU. The stages are timed the same way by their harness: flush, the same spin (FA_TIMING_LEAD_CYCLES), "
+               "start event, launch, stop event; their records keep lead_cycles too (sweeps up to 2026-11-23 gave "
+               "the stages no lead). "
                "3 warm-ups, then the median of 5-100 runs filling ~0.3 s.")
 
 # How a decode point is handed to each SDPA backend (the records' gqa and mask; the JSON's peer_ways).
@@ -521,10 +525,12 @@ def main():
                     help="merge into an existing --out file (a sweep split over several runs); "
                          "a point measured again replaces the old record")
     ap.add_argument("--timeout", type=int, default=600, help="seconds allowed per point (default: 600)")
-    ap.add_argument("--peer-lead-cycles", type=int, default=DEFAULT_PEER_LEAD, metavar="CYCLES",
-                    help="before each timed peer run the GPU spins this many cycles (torch.cuda._sleep), so that "
-                         "Python's dispatch of the call is not timed (default: 500000, about 0.25 ms; 0: no lead, "
-                         "as every sweep committed up to 2026-11-23 was timed)")
+    ap.add_argument("--lead-cycles", "--peer-lead-cycles", dest="lead_cycles", type=int, default=DEFAULT_LEAD,
+                    metavar="CYCLES",
+                    help="before each timed run, after the L2 flush, the GPU spins this many cycles, so that "
+                         "Python's dispatch of a peer's call is not timed; the stages get the same lead "
+                         "(FA_TIMING_LEAD_CYCLES), so both sides are timed alike (default: 500000, about 0.25 ms; "
+                         "0: no lead, as every sweep committed up to 2026-11-23 was timed)")
     ap.add_argument("--against", metavar="VARIANT",
                     help="each stage also times VARIANT of itself at every point, alternating with the main "
                          "run (--bench-against); records get against_ms")
@@ -599,7 +605,7 @@ def main():
 
     # The decode sweep's roof: measured by PyTorch, which is there even when the peers are not wanted.
     roof_tp = (tp or load_torch()) if a.decode else None
-    before, lead = None, a.peer_lead_cycles
+    before, lead = None, a.lead_cycles
     if tp or roof_tp:
         torch = (tp or roof_tp)[0]
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
@@ -616,9 +622,9 @@ def main():
             i += 1
             flags = ["--table-json", os.path.abspath(a.tuning_tables)] if a.tuning_tables and name == "step6_autotune" else []
             flags += ["--bench-against", a.against] if a.against else []
-            rec, err = run_stage(exe, s, variant, backward, a.check, a.timeout, flags + stage_flags)
+            rec, err = run_stage(exe, s, variant, backward, a.check, a.timeout, flags + stage_flags, lead)
             harness = harness or rec or {}
-            new = stage_records(name, variant, s, rec, err, backward, stage_flags)
+            new = [dict(r, lead_cycles=lead) for r in stage_records(name, variant, s, rec, err, backward, stage_flags)]
             progress(i, total, describe(label, s), new)
             mine += [(r, rec) for r in new]
         resolved = next((rec["variant"] for _, rec in mine if rec), variant)  # "" -> the stage's default's name
