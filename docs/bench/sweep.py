@@ -502,6 +502,35 @@ def earlier_run(out, kind):
     return old
 
 
+def combine_rounds(by_round):
+    """One record per measurement out of --rounds runs: the median time over the rounds that measured it (the
+    rates scaled to it), every round's time kept as rounds_ms; an error only when every round failed."""
+    if len(by_round) == 1:
+        return by_round[0]
+    groups = {}
+    for recs in by_round:
+        for r in recs:
+            groups.setdefault(record_key(r), []).append(r)
+    out = []
+    for rs in groups.values():
+        ok = [r for r in rs if r.get("ms")]
+        if not ok:
+            out.append(rs[0])
+            continue
+        med = statistics.median(r["ms"] for r in ok)
+        first = ok[0]
+        r = {k: v for k, v in first.items() if k != "error"}
+        for k in ("tflops", "gbps", "problem_gbps"):  # rates: inversely proportional to the time
+            if r.get(k):
+                r[k] = first[k] * first["ms"] / med
+        r["ms"] = med
+        r["rounds_ms"] = [x.get("ms") for x in rs]
+        if first.get("against_ms"):
+            r["against_ms"] = statistics.median(x["against_ms"] for x in ok if x.get("against_ms"))
+        out.append(r)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], epilog=__doc__[__doc__.index("--decode:"):],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -531,6 +560,9 @@ def main():
                          "Python's dispatch of a peer's call is not timed; the stages get the same lead "
                          "(FA_TIMING_LEAD_CYCLES), so both sides are timed alike (default: 500000, about 0.25 ms; "
                          "0: no lead, as every sweep committed up to 2026-11-23 was timed)")
+    ap.add_argument("--rounds", type=int, default=1, metavar="R",
+                    help="run everything R times (stages then peers, each round in the same order) and keep, per "
+                         "point, the median time over the rounds, every round's time in rounds_ms (default: 1)")
     ap.add_argument("--against", metavar="VARIANT",
                     help="each stage also times VARIANT of itself at every point, alternating with the main "
                          "run (--bench-against); records get against_ms")
@@ -550,6 +582,10 @@ def main():
     dec.add_argument("--decode-max-gb", type=float, default=DECODE_MAX_GB, metavar="GB",
                      help=f"skip points whose Q, K, V and O take more (default: {DECODE_MAX_GB:g} GB)")
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    if a.lead_cycles < 0:
+        ap.error("--lead-cycles must be 0 or more")
     decode_opts = [o for o in ("decode_batches", "decode_hkv", "decode_nq", "decode_nk") if getattr(a, o)]
     if not a.decode and (decode_opts or a.decode_max_gb != DECODE_MAX_GB):
         ap.error("the --decode-* options need --decode")
@@ -614,34 +650,38 @@ def main():
     if copy_gbps:
         print(f"copy roof: {copy_gbps:.0f} GB/s ({copy_how})", flush=True)
     peak = None if a.decode else mma_peak(build, a.timeout)
-    total, i, recs = (len(impls) + len(peers)) * len(points), 0, []
+    total, i, by_round = (len(impls) + len(peers)) * len(points) * a.rounds, 0, []
     harness = {}  # the first harness record: its device and CUDA version describe the run
-    for name, variant, exe, backward in impls:
-        label, mine = name + (f":{variant}" if variant else ""), []
-        for s in points:
-            i += 1
-            flags = ["--table-json", os.path.abspath(a.tuning_tables)] if a.tuning_tables and name == "step6_autotune" else []
-            flags += ["--bench-against", a.against] if a.against else []
-            rec, err = run_stage(exe, s, variant, backward, a.check, a.timeout, flags + stage_flags, lead)
-            harness = harness or rec or {}
-            new = [dict(r, lead_cycles=lead) for r in stage_records(name, variant, s, rec, err, backward, stage_flags)]
-            progress(i, total, describe(label, s), new)
-            mine += [(r, rec) for r in new]
-        resolved = next((rec["variant"] for _, rec in mine if rec), variant)  # "" -> the stage's default's name
-        recs += [dict(r, variant=resolved) for r, _ in mine]
-    for peer in peers:
-        for n, s in enumerate(points):
-            i += 1
-            if a.decode:
-                ms, err, how = time_decode_peer(tp, peer, s, seed=n, before=before)
-                new = [record(peer, "peer", "", s, "decode", ms=ms, error=err,
-                              extra=dict(decode_fields(s, ms, how.get("kv_heads")), **how, lead_cycles=lead))]
-            else:
-                res = time_peer(tp, peer, s, seed=n, before=before)
-                new = [record(peer, "peer", "", s, m, ms=ms, error=err, extra=dict(lead_cycles=lead))
-                       for m, (ms, err) in res.items()]
-            progress(i, total, describe(peer, s), new)
-            recs += new
+    for rnd in range(a.rounds):  # --rounds: the whole run again, stages then peers, each round in the same order
+        recs, rnd_label = [], f" (round {rnd + 1}/{a.rounds})" if a.rounds > 1 else ""
+        for name, variant, exe, backward in impls:
+            label, mine = name + (f":{variant}" if variant else ""), []
+            for s in points:
+                i += 1
+                flags = ["--table-json", os.path.abspath(a.tuning_tables)] if a.tuning_tables and name == "step6_autotune" else []
+                flags += ["--bench-against", a.against] if a.against else []
+                rec, err = run_stage(exe, s, variant, backward, a.check, a.timeout, flags + stage_flags, lead)
+                harness = harness or rec or {}
+                new = [dict(r, lead_cycles=lead) for r in stage_records(name, variant, s, rec, err, backward, stage_flags)]
+                progress(i, total, describe(label, s) + rnd_label, new)
+                mine += [(r, rec) for r in new]
+            resolved = next((rec["variant"] for _, rec in mine if rec), variant)  # "" -> the stage's default's name
+            recs += [dict(r, variant=resolved) for r, _ in mine]
+        for peer in peers:
+            for n, s in enumerate(points):
+                i += 1
+                if a.decode:
+                    ms, err, how = time_decode_peer(tp, peer, s, seed=n, before=before)
+                    new = [record(peer, "peer", "", s, "decode", ms=ms, error=err,
+                                  extra=dict(decode_fields(s, ms, how.get("kv_heads")), **how, lead_cycles=lead))]
+                else:
+                    res = time_peer(tp, peer, s, seed=n, before=before)
+                    new = [record(peer, "peer", "", s, m, ms=ms, error=err, extra=dict(lead_cycles=lead))
+                           for m, (ms, err) in res.items()]
+                progress(i, total, describe(peer, s) + rnd_label, new)
+                recs += new
+        by_round.append(recs)
+    recs = combine_rounds(by_round)
 
     smi = sh(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]).splitlines()
     smi = [x.strip() for x in smi[0].split(",")] if smi else ["", ""]
