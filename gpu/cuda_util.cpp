@@ -2,7 +2,6 @@
 #include "gpu/cuda_util.h"
 
 #include <cstdlib>
-
 #include <cstring>
 #include <stdexcept>
 #include <string>
