@@ -15,6 +15,12 @@ namespace fa::step7 {
 // The chapter's sub-step `d` at the tiles of `tiles`.
 constexpr HopperTiles substep(HopperTiles tiles, Design d) { return {tiles.Br, tiles.Bc, tiles.stages, d}; }
 
+// Does each configuration's shared memory fit the H100: one block, and the blocks an SM holds at once?
+template <class... Tr>
+constexpr bool fit_h100(ConfigList<Tr...>) {
+  return ((kSmemBytes<Tr> <= 227 * 1024 && Tr::kBlocksPerSM * (kSmemBytes<Tr> + 1024) <= 228 * 1024) && ...);
+}
+
 template <typename T, int D>
 struct Configs {
   template <HopperTiles kTiles>
@@ -25,19 +31,25 @@ struct Configs {
   // At d = 64 only: blocks of one consumer warpgroup (Br = 64), two per SM (kernel_traits.h, kBlocksPerSM).
   static constexpr HopperTiles kHalf{.Br = 64, .Bc = 128, .stages = 2};
   static constexpr HopperTiles kHalfLong{.Br = 64, .Bc = 176, .stages = 2};
+  // Blocks of 64 rows with 64-key tiles: two per SM, or three (kernel_traits.h: then 136 registers a consumer
+  // thread, which 64-key tiles fit). With a causal mask a narrower tile wastes less of the diagonal's.
+  static constexpr HopperTiles kHalfNarrow{.Br = 64, .Bc = 64, .stages = 2};
+  static constexpr HopperTiles kThirdNarrow{.Br = 64, .Bc = 64, .stages = 2, .blocks = 3};
   // The default depends on the head dim, the mask and the length of a query tile's work, Nk (measured on the
-  // H100: docs/results/step7.md, runs 5-7). Short rows are a few K/V trips, and the start and end of each tile
-  // weigh most: 7d's persistent blocks hide them, with or without a mask at d = 128 (up to kShortKeys); at
-  // d = 64, where a trip is short, two blocks per SM of 64 rows each hide them better from there to 4096 keys
-  // without a mask, and up to kShortCausalKeys with one. Long rows take 176-key tiles: fewer, longer trips.
+  // H100: docs/results/step7.md, runs 5-7 and rows 13, 17 and 21). Short rows are a few K/V trips, and the
+  // start and end of each tile weigh most: 7d's persistent blocks hide them, with or without a mask at d = 128
+  // (up to kShortKeys); at d = 64, where a trip is short, blocks of 64 rows that share an SM hide them better:
+  // without a mask two per SM from there to 4096 keys; with one, three per SM (64-key tiles) up to
+  // kThirdCausalKeys, then two up to kShortCausalKeys. Long rows take 176-key tiles: fewer, longer trips.
   static constexpr int64_t kShortKeys = D == 128 ? 2048 : 1024;  // 7d up to here (d = 128: either mask; d = 64: none)
   static constexpr int64_t kHalfKeys = 4096;                     // d = 64 non-causal: then Br = 64 up to here
-  static constexpr int64_t kShortCausalKeys = 8192;              // d = 64 causal: Br = 64 up to here
+  static constexpr int64_t kThirdCausalKeys = 2048;              // d = 64 causal: three Br = 64 blocks up to here
+  static constexpr int64_t kShortCausalKeys = 8192;              // d = 64 causal: then two up to here
   static constexpr HopperTiles kShort = substep(kDefault, Design::kPersistent);
   static constexpr HopperTiles kLong{.Br = 128, .Bc = 176, .stages = 2, .design = Design::kPingPong};
   static constexpr HopperTiles choose(bool causal, int64_t Nk) {
     if (D == 128) return Nk <= kShortKeys ? kShort : kLong;
-    if (causal) return Nk <= kShortCausalKeys ? kHalf : kLong;
+    if (causal) return Nk <= kThirdCausalKeys ? kThirdNarrow : Nk <= kShortCausalKeys ? kHalf : kLong;
     if (Nk <= kShortKeys) return kShort;
     return Nk <= kHalfKeys ? kHalf : kLong;
   }
@@ -46,14 +58,10 @@ struct Configs {
                             Default, Fwd<HopperTiles{.Br = 128, .Bc = 64, .stages = 2}>,  //
                             Fwd<HopperTiles{.Br = 128, .Bc = 128, .stages = 3}>,          //
                             Fwd<kLong>, Fwd<kShort>>;
-  using All = std::conditional_t<D == 64, typename Append<Common, Fwd<kHalf>, Fwd<kHalfLong>>::type, Common>;
+  using All = std::conditional_t<D == 64, typename Append<Common, Fwd<kHalf>, Fwd<kHalfLong>, Fwd<kHalfNarrow>, Fwd<kThirdNarrow>>::type, Common>;
   static_assert(kSmemBytes<Fwd<kShort>> <= 227 * 1024, "7d's second Q tile must fit beside the first and the K/V ring");
-  static_assert(kSmemBytes<Fwd<HopperTiles{.Br = 128, .Bc = 128, .stages = 3}>> <= 227 * 1024 &&
-                    kSmemBytes<Fwd<kLong>> <= 227 * 1024,
-                "every configuration fits the H100's 227 KB of shared memory per block");
-  static_assert(D != 64 || 2 * (kSmemBytes<Fwd<kHalf>> + 1024) <= 228 * 1024 &&
-                               2 * (kSmemBytes<Fwd<kHalfLong>> + 1024) <= 228 * 1024,
-                "two Br = 64 blocks fit an SM's 228 KB (1 KB of it reserved per block)");
+  static_assert(fit_h100(All{}), "every configuration fits the H100's shared memory: 227 KB per block, and its "
+                                 "blocks per SM (two or three of 64 rows) 228 KB per SM with 1 KB reserved per block");
 };
 
 }  // namespace fa::step7

@@ -13,6 +13,8 @@
 //                             next tile's Q K^T issued before this tile's softmax
 //           7d  kPersistent   7c in blocks that stay resident, one per SM, and visit query tile after tile:
 //                             the next tile's Q and K/V load while this tile's O is stored
+//   blocks  blocks resident per SM; 0: the design's own (one, or two of 64 rows). Three blocks of 64 rows
+//           share an SM's registers three ways: 136 per consumer thread, enough for 64-key tiles only
 #pragma once
 #include <cstddef>
 #include <string>
@@ -29,6 +31,7 @@ struct HopperTiles {
   int Bc = 128;
   int stages = 2;
   Design design = Design::kPingPong;
+  int blocks = 0;
 };
 
 // "7c-Br128-Bc128-S2": what --variant and the configuration test call it.
@@ -38,7 +41,7 @@ inline std::string tiles_name(const HopperTiles& t) {
                       : t.design == Design::kPingPong    ? "7c-"
                                                          : "7d-";
   return label + std::string("Br") + std::to_string(t.Br) + "-Bc" + std::to_string(t.Bc) + "-S" +
-         std::to_string(t.stages);
+         std::to_string(t.stages) + (t.blocks ? "-" + std::to_string(t.blocks) + "perSM" : "");
 }
 
 template <typename T_, int D_, HopperTiles kTiles>
@@ -55,11 +58,16 @@ struct HopperTraits {
   // Blocks per SM: one, or two of one consumer warpgroup each (Br = 64): then the two blocks' warpgroups share
   // the tensor cores as 7c's two share them, without turns, and one block's start and end run beside the
   // other's products.
-  static constexpr int kBlocksPerSM = Br == 64 ? 2 : 1;
-  // setmaxnreg's split of a block's share of the register file (65536 per SM): the producer keeps 24 per
-  // thread, the consumers take what is left, rounded down to a multiple of 8.
+  // A third block of 64 rows (kTiles.blocks = 3) gives the SM a third consumer warpgroup, as FlashAttention 3's
+  // three-warpgroup blocks do at d = 64, where the softmax's exp2 takes as long as the products.
+  static constexpr int kBlocksPerSM = kTiles.blocks ? kTiles.blocks : Br == 64 ? 2 : 1;
+  // Registers: a block starts with its share of the register file (65536 per SM), the same count for every
+  // thread (a multiple of 8); then setmaxnreg moves what the producer gives up (it keeps 24 per thread) to
+  // the consumers, rounded down to a multiple of 8. A block's total stays what it started with.
+  static constexpr int kLaunchRegs = 65536 / kBlocksPerSM / kThreads / 8 * 8;
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = (65536 / kBlocksPerSM / 128 - kProducerRegs) / kConsumerWarpgroups / 8 * 8;
+  static constexpr int kConsumerShare = (kLaunchRegs + (kLaunchRegs - kProducerRegs) / kConsumerWarpgroups) / 8 * 8;
+  static constexpr int kConsumerRegs = kConsumerShare < 256 ? kConsumerShare : 256;  // setmaxnreg's most
   // How many copies of the consumer loop the binary holds (kernel_7c_pingpong.cuh, run_consumer): one, which
   // both warpgroups run with their index cw in a register, or one per warpgroup with cw a constant. At
   // d = 128 a copy is long enough that two running at once stall the warps on instruction fetch; at d = 64
@@ -68,13 +76,15 @@ struct HopperTraits {
 
   static_assert(sizeof(T) == 2, "wgmma takes bf16 or fp16 operands here");
   static_assert(Br == 128 || (Br == 64 && kDesign == Design::kPingPong),
-                "two consumer warpgroups of 64 rows, or one (7c's loop without turns, two blocks per SM)");
+                "two consumer warpgroups of 64 rows, or one (7c's loop without turns, two or three blocks per SM)");
+  static_assert(kTiles.blocks == 0 || (Br == 64 && kTiles.blocks >= 2 && kTiles.blocks <= 3),
+                "only blocks of 64 rows share an SM: two (the default) or three");
   static_assert(Bc == 64 || Bc == 128 || Bc == 176, "S = Q K^T is one wgmma of n = Bc: 64, 128 or 176 (wgmma.cuh)");
   static_assert(D == 64 || D == 128, "O += P V is one wgmma of n = D: 64 or 128 here (wgmma.cuh)");
   static_assert(kStages >= 2 && kStages <= 3, "a ring of 2 or 3 K/V stages");
-  static_assert(kConsumerRegs <= 256, "setmaxnreg gives a thread at most 256 registers");
   // The fragments a consumer thread holds: S (Bc/8 x 4 floats), O (D/8 x 4), P (Bc/16 x 4 registers).
-  static_assert(Bc / 2 + D / 2 + Bc / 4 + 32 <= 255, "fragments and addresses must fit 255 registers");
+  static_assert(Bc / 2 + D / 2 + Bc / 4 + 32 <= kConsumerRegs,
+                "fragments and addresses must fit a consumer thread's registers (three blocks per SM: 64-key tiles)");
 
   static constexpr size_t kQBytes = size_t(kPanels) * Br * 128;   // Q tile, later the O staging tile
   static constexpr size_t kKVBytes = size_t(kPanels) * Bc * 128;  // one K (or V) tile

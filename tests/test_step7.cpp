@@ -60,8 +60,9 @@ TEST(Step7Stage, SubstepsAreVariantsAndTheBackwardIsStep5s) {
 }
 
 // The default per problem (configs.h, choose). At d = 128, with a mask or without: 7d up to 2048 keys, 7c with
-// 176-key tiles beyond. At d = 64 with a causal mask: two blocks of 64 rows per SM up to 8192 keys, then 7c
-// with 176-key tiles; without one: 7d up to 1024 keys, the 64-row blocks up to 4096, 176-key tiles beyond.
+// 176-key tiles beyond. At d = 64 with a causal mask: three blocks of 64 rows (64-key tiles) per SM up to 2048
+// keys, two up to 8192, then 7c with 176-key tiles; without one: 7d up to 1024 keys, two 64-row blocks per SM up
+// to 4096, 176-key tiles beyond.
 TEST(Step7Stage, AutoPicksByMaskAndKeyLength) {
   const Stage& s = find_stage(kStage);
   for (const int64_t d : {64, 128}) {
@@ -76,7 +77,9 @@ TEST(Step7Stage, AutoPicksByMaskAndKeyLength) {
       }
       continue;
     }
-    EXPECT_EQ(config(true, 512), "7c-Br64-Bc128-S2");
+    EXPECT_EQ(config(true, 512), "7c-Br64-Bc64-S2-3perSM");
+    EXPECT_EQ(config(true, 2048), "7c-Br64-Bc64-S2-3perSM");
+    EXPECT_EQ(config(true, 2049), "7c-Br64-Bc128-S2");
     EXPECT_EQ(config(true, 8192), "7c-Br64-Bc128-S2");
     EXPECT_EQ(config(true, 8193), "7c-Br128-Bc176-S2");
     EXPECT_EQ(config(false, 1024), "7d-Br128-Bc128-S2");
@@ -98,7 +101,7 @@ TEST(Step7Stage, RefusesWhatItLeavesOut) {
   EXPECT_NE(s.unsupported(p, "auto").find("score modifiers"), std::string::npos);
   EXPECT_FALSE(s.has_score_mods);
   p.softcap = 0.0f;
-  EXPECT_NE(s.unsupported(p, "7c-Br64-Bc64-S2").find("no config"), std::string::npos);
+  EXPECT_NE(s.unsupported(p, "7c-Br64-Bc96-S2").find("no config"), std::string::npos);
 }
 
 // Step 6's filter on step 7's configurations (it runs without a GPU): on an H100 every configuration but the
@@ -112,7 +115,7 @@ TEST(Step7Stage, Step6TunesItsConfigurations) {
       const Problem p = to_problem({1, 4, 4, 1024, 1024, d, causal, kDefaultPos, DType::bf16, 0.0f}, false);
       std::vector<std::string> rejected;
       const auto ok = step6::feasible_variants(s, p, h100, &rejected);
-      const size_t d64_only = d == 64 ? 0 : 2;  // the Br = 64 configurations exist at d = 64 only (configs.h)
+      const size_t d64_only = d == 64 ? 0 : 4;  // the Br = 64 configurations exist at d = 64 only (configs.h)
       EXPECT_EQ(ok.size(), s.tuning_variants.size() - 2 - d64_only) << "d = " << d;
       EXPECT_EQ(rejected.size(), 2u + d64_only);
       for (const std::string& r : rejected)
