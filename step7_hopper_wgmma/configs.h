@@ -35,30 +35,30 @@ struct Configs {
   // thread, which 64-key tiles fit). With a causal mask a narrower tile wastes less of the diagonal's.
   static constexpr HopperTiles kHalfNarrow{.Br = 64, .Bc = 64, .stages = 2};
   static constexpr HopperTiles kThirdNarrow{.Br = 64, .Bc = 64, .stages = 2, .blocks = 3};
+  // At d = 64 only: three consumer warpgroups in one block (Br = 192, 512 threads; 160 registers a consumer
+  // thread after setmaxnreg, enough for 128-key tiles), FlashAttention 3's tile at d = 64.
+  static constexpr HopperTiles kThree{.Br = 192, .Bc = 128, .stages = 2};
   // The default depends on the head dim, the mask and the length of a query tile's work, Nk (measured on the
-  // H100: docs/results/step7.md, runs 5-7 and rows 13, 17 and 21). Short rows are a few K/V trips, and the
+  // H100: docs/results/step7.md, runs 5-7 and rows 13, 17, 21 and 25). Short rows are a few K/V trips, and the
   // start and end of each tile weigh most: 7d's persistent blocks hide them, with or without a mask at d = 128
-  // (up to kShortKeys); at d = 64, where a trip is short, blocks of 64 rows that share an SM hide them better:
-  // without a mask two per SM from there to 4096 keys; with one, three per SM (64-key tiles) up to
-  // kThirdCausalKeys, then two up to kShortCausalKeys. Long rows take 176-key tiles: fewer, longer trips.
+  // (up to kShortKeys), and without one at d = 64 up to 1024 keys; with a causal mask at d = 64 three blocks of
+  // 64 rows per SM hide them better, up to kThirdCausalKeys. Longer rows at d = 64 take three consumer
+  // warpgroups in one block (Br = 192); at d = 128, 176-key tiles: fewer, longer trips.
   static constexpr int64_t kShortKeys = D == 128 ? 2048 : 1024;  // 7d up to here (d = 128: either mask; d = 64: none)
-  static constexpr int64_t kHalfKeys = 4096;                     // d = 64 non-causal: then Br = 64 up to here
   static constexpr int64_t kThirdCausalKeys = 2048;              // d = 64 causal: three Br = 64 blocks up to here
-  static constexpr int64_t kShortCausalKeys = 8192;              // d = 64 causal: then two up to here
   static constexpr HopperTiles kShort = substep(kDefault, Design::kPersistent);
   static constexpr HopperTiles kLong{.Br = 128, .Bc = 176, .stages = 2, .design = Design::kPingPong};
   static constexpr HopperTiles choose(bool causal, int64_t Nk) {
     if (D == 128) return Nk <= kShortKeys ? kShort : kLong;
-    if (causal) return Nk <= kThirdCausalKeys ? kThirdNarrow : Nk <= kShortCausalKeys ? kHalf : kLong;
-    if (Nk <= kShortKeys) return kShort;
-    return Nk <= kHalfKeys ? kHalf : kLong;
+    if (causal) return Nk <= kThirdCausalKeys ? kThirdNarrow : kThree;
+    return Nk <= kShortKeys ? kShort : kThree;
   }
   // Every configuration --variant can name: the chapter's sub-steps at the default's tiles, other tiles.
   using Common = ConfigList<Fwd<substep(kDefault, Design::kWgmma)>, Fwd<substep(kDefault, Design::kSpecialized)>,
                             Default, Fwd<HopperTiles{.Br = 128, .Bc = 64, .stages = 2}>,  //
                             Fwd<HopperTiles{.Br = 128, .Bc = 128, .stages = 3}>,          //
                             Fwd<kLong>, Fwd<kShort>>;
-  using All = std::conditional_t<D == 64, typename Append<Common, Fwd<kHalf>, Fwd<kHalfLong>, Fwd<kHalfNarrow>, Fwd<kThirdNarrow>>::type, Common>;
+  using All = std::conditional_t<D == 64, typename Append<Common, Fwd<kHalf>, Fwd<kHalfLong>, Fwd<kHalfNarrow>, Fwd<kThirdNarrow>, Fwd<kThree>>::type, Common>;
   static_assert(kSmemBytes<Fwd<kShort>> <= 227 * 1024, "7d's second Q tile must fit beside the first and the K/V ring");
   static_assert(fit_h100(All{}), "every configuration fits the H100's shared memory: 227 KB per block, and its "
                                  "blocks per SM (two or three of 64 rows) 228 KB per SM with 1 KB reserved per block");

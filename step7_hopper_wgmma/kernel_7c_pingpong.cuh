@@ -18,7 +18,8 @@
 //   wait S_n -> mask, m_n, P_n, l_n, alpha_n -> wait P_{n-1} V_{n-1} -> O *= alpha_n -> pack P_n
 // and after the loop O += P_last V_last. The equations are 7a's, reordered.
 // Limits: as 7a. The producer is 7b's. A block of one consumer warpgroup (Br = 64, kernel_traits.h) runs the same
-// loop with the turns off; two such blocks share an SM, and their warpgroups take the tensor cores as they come.
+// loop with the turns off; two or three such blocks share an SM, and their warpgroups take the tensor cores as
+// they come. A block of three (Br = 192, d = 64) takes turns in a cycle of three.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -27,23 +28,26 @@
 
 namespace fa::step7 {
 
-// The turns: warpgroup cw (0 or 1) waits on barrier 1 + cw; the other arrives there. 256 threads each time.
-// A block of one consumer warpgroup (Br = 64) has no one to take turns with: kOn = false makes them no-ops.
+// The turns: warpgroup cw waits on barrier 1 + cw; the warpgroup before it in the cycle arrives there. 256
+// threads each time. Two consumer warpgroups take turns 0, 1, 0, 1, ...; three (Br = 192) 0, 1, 2, 0, ...
+// A block of one consumer warpgroup (Br = 64) has no one to take turns with: its turns are no-ops.
 // cw may be a run-time value (see run_consumer).
-template <bool kOn = true>
+template <int kWarpgroups>
 struct Turns {
+  static constexpr bool kOn = kWarpgroups > 1;
   int cw;
   __device__ void wait() const {
     if constexpr (kOn) ptx::named_barrier_sync_at<256>(1 + cw);
   }
   __device__ void hand_over() const {
-    if constexpr (kOn) ptx::named_barrier_arrive_at<256>(2 - cw);
+    if constexpr (kWarpgroups == 2) ptx::named_barrier_arrive_at<256>(2 - cw);  // no modulo on the hot path
+    else if constexpr (kOn) ptx::named_barrier_arrive_at<256>(1 + (cw + 1) % kWarpgroups);
   }
-  // Before the block's first turn: warpgroup 1 hands warpgroup 0 the first. After the last: warpgroup 0 takes
-  // warpgroup 1's last hand-over, so that every arrival on barrier 1 has its wait.
+  // Before the block's first turn: the last warpgroup hands warpgroup 0 the first. After the last: warpgroup
+  // 0 takes the last warpgroup's last hand-over, so that every arrival on barrier 1 has its wait.
   __device__ void open() const {
     if constexpr (kOn)
-      if (cw == 1) hand_over();
+      if (cw == kWarpgroups - 1) hand_over();
   }
   __device__ void close() const {
     if constexpr (kOn)
@@ -51,9 +55,9 @@ struct Turns {
   }
 };
 
-// The turns of a block of Tr: taken with two consumer warpgroups, none with one.
+// The turns of a block of Tr: one per consumer warpgroup.
 template <class Tr>
-using BlockTurns = Turns<Tr::kConsumerWarpgroups == 2>;
+using BlockTurns = Turns<Tr::kConsumerWarpgroups>;
 
 // Where a query tile's data lives for the consumers: 7c's block has one tile, 7d's persistent block many.
 template <class T>

@@ -4,7 +4,8 @@
 // the tiles are and which of the chapter's designs runs them; HopperTraits derives the rest. The shared memory
 // is step 4's FwdSmem (a Q tile, rings of K and V tiles, their barriers): step 7 changes who computes and who
 // copies, not what lies in shared memory.
-//   Br      query rows per block: 64 per consumer warpgroup (one m64 wgmma tile)
+//   Br      query rows per block: 64 per consumer warpgroup (one m64 wgmma tile): 128, or at d = 64 also 64
+//           (one warpgroup, two or three blocks per SM) and 192 (three warpgroups)
 //   Bc      keys per K/V tile (the n of S = Q K^T, the k of O += P V)
 //   stages  K/V tiles in shared memory at once
 //   design  7a  kWgmma        step 4d's kernel with wgmma: every warpgroup computes, thread 0 also copies
@@ -72,11 +73,11 @@ struct HopperTraits {
   // both warpgroups run with their index cw in a register, or one per warpgroup with cw a constant. At
   // d = 128 a copy is long enough that two running at once stall the warps on instruction fetch; at d = 64
   // two fit, and the constant index is faster (measured: docs/results/step7.md).
-  static constexpr bool kOneLoopCopy = D == 128;
+  static constexpr bool kOneLoopCopy = D == 128 || kConsumerWarpgroups == 3;
 
   static_assert(sizeof(T) == 2, "wgmma takes bf16 or fp16 operands here");
-  static_assert(Br == 128 || (Br == 64 && kDesign == Design::kPingPong),
-                "two consumer warpgroups of 64 rows, or one (7c's loop without turns, two or three blocks per SM)");
+  static_assert(Br == 128 || ((Br == 64 || Br == 192) && kDesign == Design::kPingPong),
+                "two consumer warpgroups of 64 rows; or, in 7c, one (no turns, two or three blocks per SM) or three");
   static_assert(kTiles.blocks == 0 || (Br == 64 && kTiles.blocks >= 2 && kTiles.blocks <= 3),
                 "only blocks of 64 rows share an SM: two (the default) or three");
   static_assert(Bc == 64 || Bc == 128 || Bc == 176, "S = Q K^T is one wgmma of n = Bc: 64, 128 or 176 (wgmma.cuh)");

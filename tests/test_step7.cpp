@@ -61,8 +61,7 @@ TEST(Step7Stage, SubstepsAreVariantsAndTheBackwardIsStep5s) {
 
 // The default per problem (configs.h, choose). At d = 128, with a mask or without: 7d up to 2048 keys, 7c with
 // 176-key tiles beyond. At d = 64 with a causal mask: three blocks of 64 rows (64-key tiles) per SM up to 2048
-// keys, two up to 8192, then 7c with 176-key tiles; without one: 7d up to 1024 keys, two 64-row blocks per SM up
-// to 4096, 176-key tiles beyond.
+// keys, then three consumer warpgroups in one block (Br = 192); without one: 7d up to 1024 keys, then Br = 192.
 TEST(Step7Stage, AutoPicksByMaskAndKeyLength) {
   const Stage& s = find_stage(kStage);
   for (const int64_t d : {64, 128}) {
@@ -79,13 +78,11 @@ TEST(Step7Stage, AutoPicksByMaskAndKeyLength) {
     }
     EXPECT_EQ(config(true, 512), "7c-Br64-Bc64-S2-3perSM");
     EXPECT_EQ(config(true, 2048), "7c-Br64-Bc64-S2-3perSM");
-    EXPECT_EQ(config(true, 2049), "7c-Br64-Bc128-S2");
-    EXPECT_EQ(config(true, 8192), "7c-Br64-Bc128-S2");
-    EXPECT_EQ(config(true, 8193), "7c-Br128-Bc176-S2");
+    EXPECT_EQ(config(true, 2049), "7c-Br192-Bc128-S2");
+    EXPECT_EQ(config(true, 16384), "7c-Br192-Bc128-S2");
     EXPECT_EQ(config(false, 1024), "7d-Br128-Bc128-S2");
-    EXPECT_EQ(config(false, 1025), "7c-Br64-Bc128-S2");
-    EXPECT_EQ(config(false, 4096), "7c-Br64-Bc128-S2");
-    EXPECT_EQ(config(false, 4097), "7c-Br128-Bc176-S2");
+    EXPECT_EQ(config(false, 1025), "7c-Br192-Bc128-S2");
+    EXPECT_EQ(config(false, 16384), "7c-Br192-Bc128-S2");
   }
 }
 
@@ -115,7 +112,7 @@ TEST(Step7Stage, Step6TunesItsConfigurations) {
       const Problem p = to_problem({1, 4, 4, 1024, 1024, d, causal, kDefaultPos, DType::bf16, 0.0f}, false);
       std::vector<std::string> rejected;
       const auto ok = step6::feasible_variants(s, p, h100, &rejected);
-      const size_t d64_only = d == 64 ? 0 : 4;  // the Br = 64 configurations exist at d = 64 only (configs.h)
+      const size_t d64_only = d == 64 ? 0 : 5;  // the Br = 64 and 192 configurations exist at d = 64 only (configs.h)
       EXPECT_EQ(ok.size(), s.tuning_variants.size() - 2 - d64_only) << "d = " << d;
       EXPECT_EQ(rejected.size(), 2u + d64_only);
       for (const std::string& r : rejected)
