@@ -160,6 +160,7 @@ template <class Tr, class S>
 __device__ __forceinline__ void run_consumer(S& sm, const CUtensorMap* tm_o, const AttnParams& p,
                                              const step4::QueryTileWork& w, const TileSlots<typename Tr::T>& at,
                                              const int wg) {
+  static_assert(Tr::kOneLoopCopy || Tr::kConsumerWarpgroups <= 2, "a copy per warpgroup is written out for two");
   if constexpr (Tr::kOneLoopCopy || Tr::kConsumerWarpgroups == 1) consume_pingpong<Tr>(sm, tm_o, p, w, at, wg - 1);
   else if (wg == 1) consume_pingpong<Tr>(sm, tm_o, p, w, at, 0);
   else consume_pingpong<Tr>(sm, tm_o, p, w, at, 1);

@@ -56,9 +56,9 @@ struct HopperTraits {
   static constexpr bool kProducerWarpgroup = kDesign != Design::kWgmma;
   static constexpr int kThreads = 128 * (kConsumerWarpgroups + (kProducerWarpgroup ? 1 : 0));
   static constexpr int kPanels = D / 64;  // a [rows, D] tile is kPanels [rows, 64] panels of 128-byte rows
-  // Blocks per SM: one, or two of one consumer warpgroup each (Br = 64): then the two blocks' warpgroups share
-  // the tensor cores as 7c's two share them, without turns, and one block's start and end run beside the
-  // other's products.
+  // Blocks per SM: one (of two or three consumer warpgroups), or two of one consumer warpgroup each (Br = 64):
+  // then the two blocks' warpgroups share the tensor cores as 7c's two share them, without turns, and one
+  // block's start and end run beside the other's products.
   // A third block of 64 rows (kTiles.blocks = 3) gives the SM a third consumer warpgroup, as FlashAttention 3's
   // three-warpgroup blocks do at d = 64, where the softmax's exp2 takes as long as the products.
   static constexpr int kBlocksPerSM = kTiles.blocks ? kTiles.blocks : Br == 64 ? 2 : 1;
@@ -70,9 +70,10 @@ struct HopperTraits {
   static constexpr int kConsumerShare = (kLaunchRegs + (kLaunchRegs - kProducerRegs) / kConsumerWarpgroups) / 8 * 8;
   static constexpr int kConsumerRegs = kConsumerShare < 256 ? kConsumerShare : 256;  // setmaxnreg's most
   // How many copies of the consumer loop the binary holds (kernel_7c_pingpong.cuh, run_consumer): one, which
-  // both warpgroups run with their index cw in a register, or one per warpgroup with cw a constant. At
+  // every warpgroup runs with its index cw in a register, or one per warpgroup with cw a constant. At
   // d = 128 a copy is long enough that two running at once stall the warps on instruction fetch; at d = 64
-  // two fit, and the constant index is faster (measured: docs/results/step7.md).
+  // two fit, and the constant index is faster (measured: docs/results/step7.md); three warpgroups (Br = 192)
+  // keep one copy, as measured.
   static constexpr bool kOneLoopCopy = D == 128 || kConsumerWarpgroups == 3;
 
   static_assert(sizeof(T) == 2, "wgmma takes bf16 or fp16 operands here");
