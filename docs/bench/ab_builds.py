@@ -2,6 +2,7 @@
 # FlashAttention, step by step — docs/bench/ab_builds.py: a same-run A/B of two builds of the project.
 #
 #   docs/bench/ab_builds.py --a OLD_BUILD --b NEW_BUILD --out ab.jsonl [--rounds 3] [--seqs 1024 16384]
+#   docs/bench/ab_builds.py ... --passes fwd --fwd-stage step7_hopper_wgmma [--fwd-variant 7c-pingpong]
 #
 # For the shipped defaults (step 4's forward "auto", step 5's backward "deterministic" and "atomic"), head
 # dims 64 and 128, each sequence length (B * N = 16384, Hq * d = 2048, bf16, as in sweep.py), causal and
@@ -49,7 +50,9 @@ def main():
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--passes", nargs="+", default=[n for n, _, _ in PASSES], help="a subset of " +
                     ", ".join(n for n, _, _ in PASSES))
-    ap.add_argument("--fwd-variant", default="auto", help="step 4's variant for the fwd pass (e.g. sm120)")
+    ap.add_argument("--fwd-stage", default="step4_fused_pipelined",
+                    help="the stage of the fwd pass (default: step 4; e.g. step7_hopper_wgmma)")
+    ap.add_argument("--fwd-variant", default="auto", help="the fwd pass's variant (e.g. sm120 for step 4)")
     ap.add_argument("--atomic-variant", default="atomic",
                     help="step 5's variant for the bwd-atomic pass (e.g. kv128x64-w4x2-S2-atomic)")
     ap.add_argument("--dropout", type=float, default=0.0)
@@ -60,7 +63,8 @@ def main():
     if args.decode:
         return decode(args)
     chosen = {"auto": args.fwd_variant, "atomic": args.atomic_variant}
-    passes = [(n, st, [chosen.get(f, f) for f in fl]) for n, st, fl in PASSES if n in args.passes]
+    passes = [(n, args.fwd_stage if n == "fwd" else st, [chosen.get(f, f) for f in fl]) for n, st, fl in PASSES
+              if n in args.passes]
     rows = []
     total = len(args.dims) * len(args.seqs) * 2 * len(passes)
     k = 0

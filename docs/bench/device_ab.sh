@@ -7,6 +7,8 @@
 #                                                             (SAN_FILTER: the tests they run, a gtest filter)
 #   docs/bench/device_ab.sh OLD_SRC OLD_REV NEW_REV ab ARGS...  build both if needed; ab_builds.py ARGS (--seqs ...)
 #
+# OLD_TARGETS: what the old tree builds (default: step 4 and step 5; step 7's A/B: step7_hopper_wgmma, and pass
+# --passes fwd --fwd-stage step7_hopper_wgmma to ab).
 # OLD_SRC is a copy of the old sources (e.g. `git archive OLD_REV | tar -x -C build-src-OLD_REV`, carried to the
 # machine); builds go to build-OLD_REV and build. Output goes to $OUT (the device tool's folder) or ./out.
 set -uo pipefail
@@ -14,10 +16,12 @@ old_src=${1:?old source dir}; old_rev=${2:?old rev}; new_rev=${3:?new rev}; what
 out=${OUT:-out}; mkdir -p "$out"
 deps=$PWD/.deps/usr
 t0=$(date +%s)
-if [ ! -x build-$old_rev/step5_backward/step5_backward ] || [ ! -x build/step5_backward/step5_backward ]; then
+old_targets=${OLD_TARGETS:-step4_fused_pipelined step5_backward}
+first=${old_targets%% *}
+if [ ! -x build-$old_rev/$first/$first ] || [ ! -x build/$first/$first ]; then
   ( cd "$old_src" && FA_GIT_REV=$old_rev cmake -S . -B ../build-$old_rev -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 > /dev/null &&
-    cmake --build ../build-$old_rev -j 6 --target step4_fused_pipelined step5_backward > /dev/null 2>&1
+    cmake --build ../build-$old_rev -j 6 --target $old_targets > /dev/null 2>&1
     echo "old build rc=$?" ) &
   FA_GIT_REV=$new_rev cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$deps" \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_PTXAS_VERBOSE=ON > /dev/null &&
