@@ -39,12 +39,12 @@ struct Configs {
   // thread after setmaxnreg, enough for 128-key tiles), FlashAttention 3's tile at d = 64.
   static constexpr HopperTiles kThree{.Br = 192, .Bc = 128, .stages = 2};
   // The default depends on the head dim, the mask and the length of a query tile's work, Nk (measured on the
-  // H100: docs/results/step7.md, runs 5-7 and rows 13, 17, 21 and 25). Short rows are a few K/V trips, and the
+  // H100: docs/results/step7.md, runs 5-7 and rows 13, 17, 21, 25 and 36). Short rows are a few K/V trips, and the
   // start and end of each tile weigh most: 7d's persistent blocks hide them, with or without a mask at d = 128
   // (up to kShortKeys), and without one at d = 64 up to 1024 keys; with a causal mask at d = 64 three blocks of
   // 64 rows per SM hide them better, up to kThirdCausalKeys. Longer rows at d = 64 take three consumer
   // warpgroups in one block (Br = 192); at d = 128, 176-key tiles: fewer, longer trips.
-  static constexpr int64_t kShortKeys = D == 128 ? 2048 : 1024;  // 7d up to here (d = 128: either mask; d = 64: none)
+  static constexpr int64_t kShortKeys = D == 128 ? 4096 : 1024;  // 7d up to here (d = 128: either mask; d = 64: none)
   static constexpr int64_t kThirdCausalKeys = 2048;              // d = 64 causal: three Br = 64 blocks up to here
   static constexpr HopperTiles kShort = substep(kDefault, Design::kPersistent);
   static constexpr HopperTiles kLong{.Br = 128, .Bc = 176, .stages = 2, .design = Design::kPingPong};

@@ -174,7 +174,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kBlocksPerSM)
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const AttnParams p) {
   extern __shared__ uint8_t smem_raw[];
   Smem<Tr>& sm = *reinterpret_cast<Smem<Tr>*>(step4::align_1024(smem_raw));
-  const int wg = threadIdx.x / 128;
+  // The warpgroup, broadcast from lane 0: ptxas then knows it is the same in every lane (warp-uniform) and keeps
+  // what derives from it, the wgmma descriptors of this warpgroup's Q rows, in uniform registers (wgmma.cuh).
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const step4::QueryTileWork w(p, Tr::Br, Tr::Bc);
   if (threadIdx.x == 0) {
     ptx::mbar_init(&sm.q_full, 1);

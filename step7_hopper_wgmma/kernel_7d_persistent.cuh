@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                TileCounter* counter) {
   extern __shared__ uint8_t smem_raw[];
   Smem<Tr>& sm = *reinterpret_cast<Smem<Tr>*>(step4::align_1024(smem_raw));
-  const int wg = threadIdx.x / 128;
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);  // warp-uniform, as in 7c (see there)
   const int num_tiles = (p.Nq + Tr::Br - 1) / Tr::Br * p.Hq * p.B;
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2; ++i) {
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int it = 0, k = 0;; ++k) {
     const int i = k % 2;
     ptx::mbar_wait(&sm.tile_full[i], uint32_t(k / 2) & 1);  // the producer has written index k
-    const int tile = sm.tile[i];
+    const int tile = __shfl_sync(0xffffffffu, sm.tile[i], 0);  // lane 0's read for all: warp-uniform, as wg
     ptx::mbar_arrive(&sm.tile_empty[i]);  // every thread: an arrive releases the arriving thread's own read
     if (tile >= num_tiles) break;
     const TileSlots<typename Tr::T> at{sm.q[i], &sm.q_full[i], uint32_t(k / 2) & 1, it, &sm.q_empty[i]};

@@ -45,6 +45,14 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo,
          uint64_t((smem_addr >> 4) & 0x3fff);
 }
 
+// The same descriptor `bytes` further on (a multiple of 16): only the start address field changes, by
+// bytes / 16, and it cannot carry into bit 14 (a shared-memory address is below 228 KB, so start / 16 < 2^14).
+// One 32-bit add on the low word, where rebuilding a descriptor from its address costs a shift, two masks
+// and an OR, and ptxas moves each result into a uniform register: about 14 instructions per wgmma.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xffffffff00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
+}
+
 // ---- ordering -------------------------------------------------------------------------------------
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -168,20 +176,20 @@ struct Wgmma {
 // Issues D / 16 wgmmas; the caller commits and waits.
 template <typename T, int Rows, int Bc, int D>
 __device__ __forceinline__ void warpgroup_qk(float (&s)[Bc / 8][4], uint32_t q_rows, uint32_t k_base) {
+  const uint64_t a0 = desc_sw128(q_rows, 16, 1024), b0 = desc_sw128(k_base, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t panel = kk / 4, col = (kk % 4) * 32;  // 64 columns per panel, 32 bytes per k16 step
-    const uint64_t a = desc_sw128(q_rows + panel * Rows * 128 + col, 16, 1024);
-    const uint64_t b = desc_sw128(k_base + panel * Bc * 128 + col, 16, 1024);
-    Wgmma<T, Bc>::ss(s, a, b, kk > 0);
+    Wgmma<T, Bc>::ss(s, desc_advance(a0, panel * Rows * 128 + col), desc_advance(b0, panel * Bc * 128 + col), kk > 0);
   }
 }
 // O [64, D] += P V: P as A fragments in registers (pa, every k16 step of the Bc keys), V [Bc, D] at v_base,
 // MN-major. Issues Bc / 16 wgmmas; the caller commits and waits.
 template <typename T, int Bc, int D>
 __device__ __forceinline__ void warpgroup_pv(float (&o)[D / 8][4], const uint32_t (&pa)[Bc / 16][4], uint32_t v_base) {
+  const uint64_t b0 = desc_sw128(v_base, Bc * 128, 1024);
 #pragma unroll
-  for (int kk = 0; kk < Bc / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], desc_sw128(v_base + kk * 2048, Bc * 128, 1024));
+  for (int kk = 0; kk < Bc / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], desc_advance(b0, kk * 2048));
 }
 
 }  // namespace fa::step7
