@@ -59,7 +59,7 @@ TEST(Step7Stage, SubstepsAreVariantsAndTheBackwardIsStep5s) {
   EXPECT_EQ(s.backward_from, "step5_backward");
 }
 
-// The default per problem (configs.h, choose). At d = 128, with a mask or without: 7d up to 2048 keys, 7c with
+// The default per problem (configs.h, choose). At d = 128, with a mask or without: 7d up to 4096 keys, 7c with
 // 176-key tiles beyond. At d = 64 with a causal mask: three blocks of 64 rows (64-key tiles) per SM up to 2048
 // keys, then three consumer warpgroups in one block (Br = 192); without one: 7d up to 1024 keys, then Br = 192.
 TEST(Step7Stage, AutoPicksByMaskAndKeyLength) {
@@ -71,8 +71,8 @@ TEST(Step7Stage, AutoPicksByMaskAndKeyLength) {
     if (d == 128) {
       for (const bool causal : {false, true}) {
         EXPECT_EQ(config(causal, 512), "7d-Br128-Bc128-S2");
-        EXPECT_EQ(config(causal, 2048), "7d-Br128-Bc128-S2");
-        EXPECT_EQ(config(causal, 2049), "7c-Br128-Bc176-S2");
+        EXPECT_EQ(config(causal, 4096), "7d-Br128-Bc128-S2");
+        EXPECT_EQ(config(causal, 4097), "7c-Br128-Bc176-S2");
       }
       continue;
     }
