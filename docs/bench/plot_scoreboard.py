@@ -34,7 +34,7 @@ SWEEP = "docs/results/sweep-h100-2026-11-24.json"       # steps 3, 4a-4d, 5 and 
 STEP6 = "docs/results/sweep-step6-h100-2026-11-22.json"  # step 6, tuned
 CPU = "docs/results/cpu-2026-11-22.jsonl"                # steps 1 and 2, on a 2-core CPU
 STEP7_SUB = "docs/results/sweep-step7-substeps-h100-2026-11-23-run1.json"  # step 7's sub-steps 7a-7c
-STEP7 = "docs/results/sweep-step7-h100-2026-11-24-run11.json"  # step 7's default (`auto`), SDPA beside
+STEP7 = "docs/results/sweep-step7-h100-2026-11-24-run12.json"  # step 7's default (`auto`), SDPA beside
 
 CEILING_FILE = "docs/results/sweep-h100-2026-11-22.json"  # its mma_peak_tflops (650.55) is the course's one value of the ceiling
 DENSE_PEAK = 989.0          # H100 SXM dense bf16 tensor-core peak, TFLOP/s (NVIDIA's data sheet)
@@ -82,7 +82,7 @@ ROWS = [
     Row("7b", "a producer warpgroup, setmaxnreg", STEP7_SUB, "step7_hopper_wgmma", "fwd", variant="7b-specialized"),
     Row("7c", "ping-pong, softmax under the next product", STEP7_SUB, "step7_hopper_wgmma", "fwd",
         variant="7c-pingpong"),
-    Row("7", "step 7's default (here 7c with 176-key tiles)", STEP7, "step7_hopper_wgmma", "fwd", variant="auto"),
+    Row("7", "step 7's default (here 7d: persistent, 128-key tiles)", STEP7, "step7_hopper_wgmma", "fwd", variant="auto"),
     Row("peer", "PyTorch SDPA cuDNN backend, in step 7's run", STEP7, "torch_sdpa_cudnn", "fwd"),
     Row("peer", "PyTorch SDPA flash backend (FlashAttention 2)", SWEEP, "torch_sdpa_flash", "fwd"),
     Row("peer", "PyTorch SDPA flash backend (FlashAttention 2)", SWEEP, "torch_sdpa_flash", "bwd"),

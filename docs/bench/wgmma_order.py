@@ -3,8 +3,8 @@
 #
 #   docs/bench/wgmma_order.py CUBIN [SUBSTRING ...]
 #
-# For each kernel of an sm_90a cubin whose name contains every SUBSTRING, the order of its wgmma waits and
-# exp2s in SASS, compressed: "W1" is a WARPGROUP.DEPBAR (wgmma.wait_group) that lets one commit group stay in
+# For each kernel of an sm_90a cubin whose name contains every SUBSTRING, its number of SASS instructions (the
+# whole kernel: a change to the loop shows there too), then the order of its wgmma waits and exp2s, compressed: "W1" is a WARPGROUP.DEPBAR (wgmma.wait_group) that lets one commit group stay in
 # flight, "W0" one that waits for all, "M66" 66 MUFU instructions (the softmax's exp2; two per trip are the
 # rescale factors). 7c's loop as written is "W1 M.. W0": the softmax between the wait for S_n and the wait for
 # P_{n-1} V_{n-1}, so that it runs under the latter; "W1 W0 M.." means ptxas moved the second wait above it.
@@ -75,7 +75,7 @@ def main():
         sys.exit(0 if len(sys.argv) > 1 else 2)
     for kernel, code in sorted(text_sections(sys.argv[1]).items()):
         if all(s in kernel for s in sys.argv[2:]):
-            print(f"{short(kernel):28s} {order(code)}")
+            print(f"{short(kernel):28s} {len(code) // 16:5d}  {order(code)}")
 
 
 if __name__ == "__main__":
