@@ -41,8 +41,12 @@ inline std::string tiles_name(const HopperTiles& t) {
                       : t.design == Design::kSpecialized ? "7b-"
                       : t.design == Design::kPingPong    ? "7c-"
                                                          : "7d-";
-  return label + std::string("Br") + std::to_string(t.Br) + "-Bc" + std::to_string(t.Bc) + "-S" +
-         std::to_string(t.stages) + (t.blocks ? "-" + std::to_string(t.blocks) + "perSM" : "");
+  // Appended piece by piece: on "text" + std::string, GCC 12 warns (-Wrestrict) about an overlap that cannot happen.
+  std::string name = label;
+  name += "Br", name += std::to_string(t.Br), name += "-Bc", name += std::to_string(t.Bc);
+  name += "-S", name += std::to_string(t.stages);
+  if (t.blocks) name += "-", name += std::to_string(t.blocks), name += "perSM";
+  return name;
 }
 
 template <typename T_, int D_, HopperTiles kTiles>
