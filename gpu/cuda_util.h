@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -79,6 +80,17 @@ class GpuTimer {
     return ms;
   }
   void flush_l2();  // writes a buffer twice the L2 size, outside any timed region
+  // A microbenchmark's time (docs/bench/mma_peak, step 7's wgmma_peak): two warm-up runs of `work` (clocks
+  // up, code loaded), then the median of `reps` timed ones, in ms. No L2 flush: such loops read no memory.
+  template <typename F>
+  double median_ms(F&& work, int reps) {
+    for (int i = 0; i < 2; ++i) work();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<double> ms;
+    for (int i = 0; i < reps; ++i) ms.push_back(time(work));
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  }
 
  private:
   long long lead_cycles_ = 0;  // GPU cycles spun after each flush (FA_TIMING_LEAD_CYCLES; default 0)

@@ -77,13 +77,7 @@ int main(int argc, char** argv) {
       mma_loop<<<blocks, kThreads>>>(out.as<float>(), iters);
       CUDA_CHECK_LAUNCH();
     };
-    fa::GpuTimer timer;
-    for (int i = 0; i < 2; ++i) launch();  // warm-up: clocks up, code loaded
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<double> ms;
-    for (int i = 0; i < reps; ++i) ms.push_back(timer.time(launch));
-    std::sort(ms.begin(), ms.end());
-    const double median_ms = ms[ms.size() / 2];
+    const double median_ms = fa::GpuTimer().median_ms(launch, reps);
     const double flops = double(blocks) * (kThreads / 32) * double(iters) * kChains * kFlopsPerMma;
     const double tflops = flops / (median_ms * 1e-3) / 1e12;
     const std::string device = fa::gpu_name();
