@@ -5,8 +5,8 @@
 #
 # For each kernel of an sm_90a cubin whose name contains every SUBSTRING, its number of SASS instructions (the
 # whole kernel: a change to the loop shows there too), then the order of its wgmma waits and exp2s,
-# compressed: "W1" is a WARPGROUP.DEPBAR (wgmma.wait_group) that lets one commit group stay in flight, "W0" one that waits for all, "M66" 66 MUFU instructions (the softmax's exp2; two per trip are the
-# rescale factors). 7c's loop as written is "W1 M.. W0": the softmax between the wait for S_n and the wait for
+# compressed: "W1" is a WARPGROUP.DEPBAR (wgmma.wait_group) that lets one commit group stay in flight, "W0"
+# one that waits for all, "M66" 66 MUFU instructions (the softmax's exp2; two per trip are the rescale factors). 7c's loop as written is "W1 M.. W0": the softmax between the wait for S_n and the wait for
 # P_{n-1} V_{n-1}, so that it runs under the latter; "W1 W0 M.." means ptxas moved the second wait above it.
 # It needs no cuobjdump (the GPU machine has one; a developer's machine may not): it reads the ELF sections and
 # two instruction encodings of sm_90, found by compiling one-instruction probes: the opcode field (bits 0-11)
