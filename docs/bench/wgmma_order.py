@@ -6,8 +6,9 @@
 # For each kernel of an sm_90a cubin whose name contains every SUBSTRING, its number of SASS instructions (the
 # whole kernel: a change to the loop shows there too), then the order of its wgmma waits and exp2s,
 # compressed: "W1" is a WARPGROUP.DEPBAR (wgmma.wait_group) that lets one commit group stay in flight, "W0"
-# one that waits for all, "M66" 66 MUFU instructions (the softmax's exp2; two per trip are the rescale factors). 7c's loop as written is "W1 M.. W0": the softmax between the wait for S_n and the wait for
-# P_{n-1} V_{n-1}, so that it runs under the latter; "W1 W0 M.." means ptxas moved the second wait above it.
+# one that waits for all, "M66" 66 MUFU instructions (the softmax's exp2; two per trip are the rescale factors).
+# 7c's loop as written is "W1 M.. W0": the softmax between the wait for S_n and the wait for P_{n-1} V_{n-1},
+# so that it runs under the latter; "W1 W0 M.." means ptxas moved the second wait above it.
 # It needs no cuobjdump (the GPU machine has one; a developer's machine may not): it reads the ELF sections and
 # two instruction encodings of sm_90, found by compiling one-instruction probes: the opcode field (bits 0-11)
 # 0x9c5 with bit 47 set is WARPGROUP.DEPBAR.LE, its group count in bits 72-77; MUFU has 0x108 in bits 0-8.
