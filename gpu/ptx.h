@@ -130,6 +130,12 @@ __device__ __forceinline__ void fence_barrier_init() {
 }
 
 // ---- TMA: bulk tensor copies ---------------------------------------------------------------------
+// PTX ISA, "Data movement and conversion instructions: prefetch" (prefetch.tensormap): brings a tensor map
+// (a __grid_constant__ kernel parameter) into the cache TMA reads it from, so that the first copy that names
+// it does not wait for the descriptor's fetch.
+__device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+}
 // PTX ISA, "Data movement and conversion instructions: cp.async.bulk.tensor" (global -> shared::cluster,
 // tile mode, 3-D, mbarrier::complete_tx::bytes).
 // Scalar meaning: copy the box of the tensor map starting at coordinates {x, y, z} (x innermost) into

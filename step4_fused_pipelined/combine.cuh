@@ -45,38 +45,55 @@ __device__ __forceinline__ void merge_row(const float* o_part, const float* lse_
     if constexpr (kViaL2) return __ldcg(at);
     else return *at;
   };
-  auto split_state = [&](int s) {  // (LSE_s, 1), or the empty state of a split that saw no key
-    const float lse_s = load(lse_part + int64_t(s) * rows + row);
+  auto o_of = [&](int s) { return reinterpret_cast<const float2*>(o_part + (int64_t(s) * rows + row) * D + col0); };
+  auto split_state = [&](float lse_s) {  // (LSE_s, 1), or the empty state of a split that saw no key
     return SoftmaxState{lse_s, lse_s == -INFINITY ? 0.0f : 1.0f};
   };
 
+  // 0. Every load the merge of the first kEarly splits needs, issued together: lane k's LSE of split k, and
+  //    the lane's columns of O of splits 0 .. kEarly-1 (their addresses do not wait for the weights). A decode
+  //    row has a few splits: its merge then costs one memory round trip, not one per step below.
+  constexpr int kEarly = 16;
+  const float lse_lane = lane < splits ? load(lse_part + int64_t(lane) * rows + row) : -INFINITY;
+  float2 early[kEarly][kCols / 2];
+#pragma unroll
+  for (int j = 0; j < kEarly; ++j)
+#pragma unroll
+    for (int c = 0; c < kCols / 2; ++c) early[j][c] = j < splits ? load(o_of(j) + c) : make_float2(0.0f, 0.0f);
+
   // 1. The row's state: each lane's splits, then a butterfly of merges across the lanes.
-  SoftmaxState state;  // the empty state: (-inf, 0)
-  for (int s = lane; s < splits; s += 32) merge_states(state, split_state(s));
+  SoftmaxState state = split_state(lse_lane);
+  for (int s = lane + 32; s < splits; s += 32) merge_states(state, split_state(load(lse_part + int64_t(s) * rows + row)));
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2)
     merge_states(state, SoftmaxState{__shfl_xor_sync(0xffffffffu, state.m, offset),
                                      __shfl_xor_sync(0xffffffffu, state.l, offset)});
   const float inv = inv_l(state);
 
-  // 2. O = sum_s e^(LSE_s - m) / l * O_s, 32 splits at a time: lane k computes the weight of split base + k,
-  //    and a shuffle hands each weight to the whole warp. No term waits for another, and the loop body has no
-  //    branch, so the loads of many splits are in flight at once.
+  // 2. O = sum_s e^(LSE_s - m) / l * O_s: lane k computes the weight of split k (of base + k past kEarly), and a
+  //    shuffle hands each weight to the whole warp. No term waits for another, and the loop body has no branch,
+  //    so the loads of many splits are in flight at once.
   float acc[kCols] = {};
   const float m = state.m == -INFINITY ? 0.0f : state.m;  // all splits empty: every weight is e^-inf = 0
-  for (int base = 0; base < splits; base += 32) {
+  auto add = [&](float w, const float2* v) {
+#pragma unroll
+    for (int c = 0; c < kCols / 2; ++c) {
+      acc[2 * c] += w * v[c].x;
+      acc[2 * c + 1] += w * v[c].y;
+    }
+  };
+  const float w_first = expf(lse_lane - m) * inv;  // 0 for a lane past the last split (e^-inf)
+#pragma unroll
+  for (int j = 0; j < kEarly; ++j) add(__shfl_sync(0xffffffffu, w_first, j), early[j]);
+  for (int base = kEarly; base < splits; base += 32) {
     const int s_lane = base + lane, n = min(32, splits - base);
     const float w_lane = s_lane < splits ? expf(load(lse_part + int64_t(s_lane) * rows + row) - m) * inv : 0.0f;
 #pragma unroll 8
     for (int j = 0; j < n; ++j) {
-      const float w = __shfl_sync(0xffffffffu, w_lane, j);
-      const float* o_s = o_part + (int64_t(base + j) * rows + row) * D + col0;
+      float2 v[kCols / 2];
 #pragma unroll
-      for (int c = 0; c < kCols; c += 2) {
-        const float2 v = load(reinterpret_cast<const float2*>(o_s + c));
-        acc[c] += w * v.x;
-        acc[c + 1] += w * v.y;
-      }
+      for (int c = 0; c < kCols / 2; ++c) v[c] = load(o_of(base + j) + c);
+      add(__shfl_sync(0xffffffffu, w_lane, j), v);
     }
   }
 #pragma unroll

@@ -21,12 +21,13 @@
 // A warp whose rows all lie past the last row (most of a tile, at decode) skips the math. Compiled with
 // kMods, the score modifiers of score_mod.cuh, as in 4d; a window narrows the tiles the splits divide.
 // Short tiles (at most kMergeInKernelRows rows, one per warp) skip the combine kernel: each split counts its
-// arrival in `arrivals`, and the last one, seeing every other split's partial result in L2, merges the
-// tile's rows with the combine's own merge_row (the pattern of CUDA's threadFenceReduction sample).
+// arrival in `arrivals` with a release-acquire atomic, and the last one, seeing every other split's partial
+// result in L2, merges the tile's rows with the combine's own merge_row.
 // Limits: no dropout with packed heads (a tile's rows would need per-row dropout heads; the launcher packs
 // only without dropout); the workspace costs splits x B x Hq x Nq x (d + 1) floats.
 #pragma once
 #include <cuda.h>
+#include <cuda/atomic>
 #include <cuda_runtime.h>
 
 #include "gpu/gpu_runner.h"
@@ -109,20 +110,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
 
   // ---- prologue: barriers, then Q and the first kStages tiles of K and of V in flight -----------------
+  // A decode block is short (a few microseconds), so its first loads leave as early as they can: the tensor
+  // maps' fetch starts first, and the thread that initialises the barriers issues the copies before the
+  // block's barrier (TMA sees the initialised barriers after fence_barrier_init, in that thread's order).
   if (threadIdx.x == 0) {
+    ptx::prefetch_tensormap(&tm_q);
+    ptx::prefetch_tensormap(&tm_k);
+    ptx::prefetch_tensormap(&tm_v);
     ptx::mbar_init(&sm.q_full, 1);
     k_ring.init(Tr::kWarps);
     v_ring.init(Tr::kWarps);
     ptx::fence_barrier_init();
-  }
-  __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
-  if (threadIdx.x == 0) {
     tma_load_tile<Br, kPanels>(sm.q, &tm_q, w.m0, w.bh, &sm.q_full);
     for (int n = 0; n < kStages && n < n_tiles; ++n) {
       load_k(n);
       load_v(n);
     }
   }
+  __syncthreads();  // the barriers exist before any other thread waits on them
 
   // Q: shared -> registers, once. Warp w reads rows 16w .. 16w+15 as A fragments of every k16 step.
   ptx::mbar_wait(&sm.q_full, 0);
@@ -228,13 +233,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // ---- a short tile: the last split to finish merges its rows (combine.cuh's merge_row) -----------------
   if (sp.arrivals == nullptr) return;  // one split, or the combine kernel merges
-  __threadfence();  // this thread's partial results reach L2 (device scope) before its block is counted
-  __syncthreads();  // every thread of the block has fenced before thread 0 counts the block's arrival
+  __syncthreads();  // every thread's partial results are written before thread 0 counts the block's arrival
   bool last = false;
   if (threadIdx.x == 0) {
-    last = atomicAdd(sp.arrivals + blockIdx.x, 1) == int(gridDim.y) - 1;
-    if (last) sp.arrivals[blockIdx.x] = 0;  // every split has arrived: reset for the next launch
-    __threadfence();  // the other splits' results, fenced before their arrivals, are read after this count
+    // Release and acquire at GPU scope in one atomic: the block's writes (ordered before it by the barrier)
+    // are published with the count, and the last split sees every split counted before it.
+    cuda::atomic_ref<int, cuda::thread_scope_device> arrived(sp.arrivals[blockIdx.x]);
+    last = arrived.fetch_add(1, cuda::memory_order_acq_rel) == int(gridDim.y) - 1;
+    if (last) arrived.store(0, cuda::memory_order_relaxed);  // every split has arrived: reset for the next launch
   }
   // A barrier that also hands every thread thread 0's verdict.
   if (!__syncthreads_or(last)) return;
