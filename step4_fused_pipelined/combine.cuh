@@ -53,7 +53,7 @@ __device__ __forceinline__ void merge_row(const float* o_part, const float* lse_
   // 0. Every load the merge of the first kEarly splits needs, issued together: lane k's LSE of split k, and
   //    the lane's columns of O of splits 0 .. kEarly-1 (their addresses do not wait for the weights). A decode
   //    row has a few splits: its merge then costs one memory round trip, not one per step below.
-  constexpr int kEarly = 16;
+  constexpr int kEarly = 32;
   const float lse_lane = lane < splits ? load(lse_part + int64_t(lane) * rows + row) : -INFINITY;
   float2 early[kEarly][kCols / 2];
 #pragma unroll

@@ -77,12 +77,17 @@ inline std::vector<int> split_counts(int64_t kv_tiles) {
   return counts;
 }
 
+// A split keeps at least this many keys: fewer leave its block nothing to pipeline, and every split costs the
+// merge a read (on the H100 one 128-key split per block is the fastest count at B = 1, Nk = 2048, and one of
+// 64 keys is slower than one of 128: docs/results/step4.md).
+constexpr int64_t kMinSplitKeys = 128;
+
 // The number of splits, after FlashAttention's heuristic: none when the blocks already fill the GPU, counted
 // as two blocks per SM; otherwise the fewest of split_counts (above) whose waves of blocks fill those
-// slots to within 85 % of the best, among the counts that leave each split at least two K/V tiles (a split
-// of one tile has nothing to pipeline, and every split costs the combine a read). Measured against every
-// count on the H100, this rule is within a few percent of the best count (docs/results/step4.md).
-inline int choose_splits(int64_t blocks, int64_t kv_tiles, int sms) {
+// slots to within 85 % of the best, among the counts that leave each split at least kMinSplitKeys keys
+// (`kv_tiles` tiles of `tile_keys` keys). Measured against every count on the H100, this rule is within a few
+// percent of the best count (docs/results/step4.md).
+inline int choose_splits(int64_t blocks, int64_t kv_tiles, int64_t tile_keys, int sms) {
   const int64_t slots = 2 * int64_t(sms);
   if (blocks >= 0.8 * double(slots)) return 1;
   auto efficiency = [&](int s) {
@@ -91,7 +96,7 @@ inline int choose_splits(int64_t blocks, int64_t kv_tiles, int sms) {
   };
   std::vector<int> counts;
   for (int s : split_counts(kv_tiles))
-    if (s == 1 || 2 * s <= kv_tiles) counts.push_back(s);
+    if (s == 1 || s * kMinSplitKeys <= kv_tiles * tile_keys) counts.push_back(s);
   double best = 0;
   for (int s : counts) best = std::max(best, efficiency(s));
   for (int s : counts)

@@ -63,7 +63,7 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
     const int64_t band = std::max<int64_t>(Tr::Br, p.Nq) + p.window_left + right;
     kv_tiles = int(std::min<int64_t>(kv_tiles, (band + Tr::Bc - 1) / Tr::Bc + 1));
   }
-  const int splits = p.splits > 0 ? int(p.splits) : choose_splits(blocks, kv_tiles, sms);
+  const int splits = p.splits > 0 ? int(p.splits) : choose_splits(blocks, kv_tiles, Tr::Bc, sms);
   sp.tiles_per_split = (kv_tiles + splits - 1) / splits;  // the last splits may get none: they write the identity
   sp.rows_total = p.B * p.Hq * p.Nq;
   // One split writes O and the LSE itself; more write their partial results to a workspace, merged by the

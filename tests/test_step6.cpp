@@ -307,25 +307,29 @@ TEST(Step6, CacheRoundTripsAndTimesNothingTheSecondTime) {
 }
 
 // Step 4's own choice of splits (configs.h): one of the counts step 6 tries; none once the blocks fill two
-// per SM; otherwise every split keeps at least two K/V tiles.
-TEST(Step4Splits, ChoiceFillsTwoBlocksPerSmAndLeavesEachSplitTwoTiles) {
+// per SM; otherwise every split keeps at least kMinSplitKeys keys.
+TEST(Step4Splits, ChoiceFillsTwoBlocksPerSmAndLeavesEachSplitItsKeys) {
   for (int sms : {48, 132})
     for (int64_t blocks : {1, 8, 32, 64, 200, 256, 1000})
-      for (int64_t kv_tiles : {1, 2, 3, 16, 64, 512}) {
-        SCOPED_TRACE("SMs " + std::to_string(sms) + " blocks " + std::to_string(blocks) + " tiles " + std::to_string(kv_tiles));
-        const int s = step4::choose_splits(blocks, kv_tiles, sms);
-        const std::vector<int> counts = step4::split_counts(kv_tiles);
-        EXPECT_NE(std::find(counts.begin(), counts.end(), s), counts.end());
-        if (blocks >= 0.8 * 2 * sms) {
-          EXPECT_EQ(s, 1);
+      for (int64_t kv_tiles : {1, 2, 3, 16, 64, 512})
+        for (int64_t tile_keys : {64, 128}) {
+          SCOPED_TRACE("SMs " + std::to_string(sms) + " blocks " + std::to_string(blocks) + " tiles " +
+                       std::to_string(kv_tiles) + " of " + std::to_string(tile_keys) + " keys");
+          const int s = step4::choose_splits(blocks, kv_tiles, tile_keys, sms);
+          const std::vector<int> counts = step4::split_counts(kv_tiles);
+          EXPECT_NE(std::find(counts.begin(), counts.end(), s), counts.end());
+          if (blocks >= 0.8 * 2 * sms) {
+            EXPECT_EQ(s, 1);
+          }
+          if (s > 1) {
+            EXPECT_LE(s * step4::kMinSplitKeys, kv_tiles * tile_keys);
+          }
         }
-        if (s > 1) {
-          EXPECT_LE(2 * s, kv_tiles);
-        }
-      }
-  EXPECT_EQ(step4::choose_splits(8, 64, 132), 32);  // 8 x 32 = 256 blocks: 97 % of 2 x 132, 2 tiles each
-  EXPECT_EQ(step4::choose_splits(32, 256, 132), 8);
-  EXPECT_EQ(step4::choose_splits(264, 256, 132), 1);
+  EXPECT_EQ(step4::choose_splits(8, 64, 64, 132), 32);   // 8 x 32 = 256 blocks: 97 % of 2 x 132, 128 keys each
+  EXPECT_EQ(step4::choose_splits(8, 16, 128, 132), 16);  // 128 blocks of one 128-key tile: no count fills more
+  EXPECT_EQ(step4::choose_splits(8, 32, 64, 132), 16);   // not 32: a split of one 64-key tile is too short
+  EXPECT_EQ(step4::choose_splits(32, 256, 64, 132), 8);
+  EXPECT_EQ(step4::choose_splits(264, 256, 64, 132), 1);
 }
 
 // A decode: every 4e configuration is timed with each split count too; the choice (configuration and split
