@@ -12,7 +12,9 @@
 //   2. the vectors: with m and l known, split s contributes e^(LSE_s - m) / l times O_s. The terms do not
 //      depend on one another, so the loads of many splits are in flight at once (a chain of merges, or a
 //      loop with a branch per split, waits for one split's O before the next: 32 splits x a memory round
-//      trip, 15 us on the H100; docs/results/step4.md).
+//      trip, 15 us on the H100; docs/results/step4.md). No address waits for m or l either: the LSEs and the
+//      O of the first 32 splits are requested together, before part 1, so a decode row's merge costs one
+//      round trip, not three (LSEs, LSEs again for the weights, then O).
 // Lane k holds columns k * D / 32 .. of O (contiguous, so a warp reads whole rows).
 // merge_row is the work of one warp on one row: the combine kernel runs it on every row, and the split kernel's
 // last block of a short query tile runs it on that tile's rows (kernel_4e_split_kv.cuh), with no second kernel.
