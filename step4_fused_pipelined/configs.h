@@ -77,9 +77,8 @@ inline std::vector<int> split_counts(int64_t kv_tiles) {
   return counts;
 }
 
-// A split keeps at least this many keys: fewer leave its block nothing to pipeline, and every split costs the
-// merge a read (on the H100 one 128-key split per block is the fastest count at B = 1, Nk = 2048, and one of
-// 64 keys is slower than one of 128: docs/results/step4.md).
+// A split keeps at least this many keys: fewer leave its block too little work for its fixed costs (set-up,
+// the first loads' latency, the merge's read of its result). Every count, measured: docs/results/step4.md.
 constexpr int64_t kMinSplitKeys = 128;
 
 // The number of splits, after FlashAttention's heuristic: none when the blocks already fill the GPU, counted
