@@ -164,6 +164,9 @@ def plot(data, path):
              "GB/s = (Q + K + V read, O written) bytes / time, K and V once per KV head; "
              "causal bottom-right (input_pos = Nk - Nq)."]
     notes += ([f"Roof: {data['copy_method']}."] if roof else ["No roof: the run had no PyTorch with CUDA."])
+    for run in sorted({r["run"] for r in data["records"] if r.get("run")}):  # parts merged in (merge.py)
+        pairs = sorted({(r["B"], r["Hkv"]) for r in data["records"] if r.get("run") == run})
+        notes.append(f"Measured {run}: the points with " + ", ".join(f"B = {b}, Hkv = {h}" for b, h in pairs) + ".")
     notes += peer_notes(data, impls)
     # Bottom to top: the notes, wrapped to the figure's width, then the legend; heights in figure fractions.
     notes = [line for n in notes for line in textwrap.wrap(n, int(width * 72 / 7.5 * 1.9))]
