@@ -6,6 +6,8 @@
 # and the stamps of two merging blocks.
 #   decode_trace_summary.py decode-trace-after-h100-2026-11-24.txt
 #   decode_trace_summary.py --before decode-trace-before-h100-2026-11-24.txt   (the kernel of 526c816)
+#   decode_trace_summary.py --ends decode-trace-b8-h100-2026-11-24.txt   (also: when the blocks' loops end, in 2 us
+#     bins, by how many blocks shared their SM, and each block's time per K/V tile after its first)
 import collections, sys
 before = '--before' in sys.argv
 path = [a for a in sys.argv[1:] if not a.startswith('--')][0]
@@ -28,5 +30,15 @@ for title, rows in runs:
             v = sorted(x - t0 for x in c if x > 0)
             if v: out.append(f"{names[i]} {v[0]/1000:.2f}/{v[len(v)//2]/1000:.2f}/{v[-1]/1000:.2f}")
         print(f"  launch {ln}, {len(rs)} blocks:", ', '.join(out))
+        if '--ends' in sys.argv:
+            on_sm = collections.Counter(r[3] for r in rs)
+            ends = sorted((r[16] - t0) / 1000 for r in rs)
+            print('    loop end, blocks per 2 us bin:', sorted(collections.Counter(int(e // 2) * 2 for e in ends).items()))
+            for k in sorted(set(on_sm.values())):
+                e = sorted((r[16] - t0) / 1000 for r in rs if on_sm[r[3]] == k)
+                print(f'    blocks on an SM with {k}: {len(e)}, loop end {e[0]:.1f}/{e[len(e)//2]:.1f}/{e[-1]:.1f}')
+            tiles = lambda r: max(1, (int(title.split('--seq-k ')[1].split()[0]) + 127) // 128 - 1) if '--seq-k' in title else 1
+            per = sorted((r[16] - r[8]) / 1000 / tiles(r) for r in rs)
+            print(f'    us per tile after K0 (min/median/max): {per[0]:.2f}/{per[len(per)//2]:.2f}/{per[-1]:.2f}')
         for r in [r for r in rs if r[4] == 1][:2]:
             print(f"    merging block ({r[1]}, {r[2]}):", ', '.join(f"{names[i]} {(x - t0)/1000:.2f}" for i, x in enumerate(r[5:]) if x > 0))
