@@ -30,15 +30,16 @@ for title, rows in runs:
             v = sorted(x - t0 for x in c if x > 0)
             if v: out.append(f"{names[i]} {v[0]/1000:.2f}/{v[len(v)//2]/1000:.2f}/{v[-1]/1000:.2f}")
         print(f"  launch {ln}, {len(rs)} blocks:", ', '.join(out))
-        if '--ends' in sys.argv:
-            on_sm = collections.Counter(r[3] for r in rs)
-            ends = sorted((r[16] - t0) / 1000 for r in rs)
-            print('    loop end, blocks per 2 us bin:', sorted(collections.Counter(int(e // 2) * 2 for e in ends).items()))
+        if '--ends' in sys.argv:  # runs of one split, 128-key tiles (d = 64), their Nk in the title's --seq-k
+            SM, K0, LOOP_END = 3, 5 + names.index('K0'), 5 + names.index('loop_end')  # columns of a TR line
+            on_sm = collections.Counter(r[SM] for r in rs)
+            end = {id(r): (r[LOOP_END] - t0) / 1000 for r in rs}
+            print('    loop end, blocks per 2 us bin:', sorted(collections.Counter(int(e // 2) * 2 for e in end.values()).items()))
             for k in sorted(set(on_sm.values())):
-                e = sorted((r[16] - t0) / 1000 for r in rs if on_sm[r[3]] == k)
+                e = sorted(end[id(r)] for r in rs if on_sm[r[SM]] == k)
                 print(f'    blocks on an SM with {k}: {len(e)}, loop end {e[0]:.1f}/{e[len(e)//2]:.1f}/{e[-1]:.1f}')
-            tiles = lambda r: max(1, (int(title.split('--seq-k ')[1].split()[0]) + 127) // 128 - 1) if '--seq-k' in title else 1
-            per = sorted((r[16] - r[8]) / 1000 / tiles(r) for r in rs)
+            after_k0 = max(1, (int(title.split('--seq-k ')[1].split()[0]) + 127) // 128 - 1)  # tiles after the first
+            per = sorted((r[LOOP_END] - r[K0]) / 1000 / after_k0 for r in rs)
             print(f'    us per tile after K0 (min/median/max): {per[0]:.2f}/{per[len(per)//2]:.2f}/{per[-1]:.2f}')
         for r in [r for r in rs if r[4] == 1][:2]:
             print(f"    merging block ({r[1]}, {r[2]}):", ', '.join(f"{names[i]} {(x - t0)/1000:.2f}" for i, x in enumerate(r[5:]) if x > 0))
