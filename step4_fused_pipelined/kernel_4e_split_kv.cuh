@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto load_k = [&](int n) { k_ring.load<Bc, kPanels>(n, sm.k[0], &tm_k, (n_begin + n) * Bc, w.bh_kv); };
   auto load_v = [&](int n) { v_ring.load<Bc, kPanels>(n, sm.v[0], &tm_v, (n_begin + n) * Bc, w.bh_kv); };
   // The producer, in iteration n >= 1: K and V tile n + kStages - 1 into the slots of tile n - 1, which every
-  // warp released in its previous iteration (K after its Q K^T, V after its P V).
+  // warp released in its previous iteration (K after its Q K^T, V after its P V). With one slot, at the top of
+  // the iteration; with more, K's and V's refills are issued at two places of the loop (below).
   auto refill = [&](int n) {
     k_ring.refill(n, n_tiles, load_k);
     v_ring.refill(n, n_tiles, load_v);
@@ -175,7 +176,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     warp_qk<T, Bc, D, kL>(s, q, k_base);
     k_ring.release(n);
 
-    if constexpr (kStages > 1) refill(n);  // after this warp's Q K^T: the other warps are likely done with n-1
+    // The producer refills K after this warp's Q K^T (the other warps are likely done with tile n - 1), V
+    // only after its P V below: V's next tile is needed half an iteration after K's, and K's and V's copies
+    // then leave apart rather than together, which streams K/V faster at decode (docs/results/step4.md).
+    if constexpr (kStages > 1) k_ring.refill(n, n_tiles, load_k);
 
     // Mask only where needed: the tail of K, or a tile that crosses the diagonal of this warp's earliest row.
     const int key0 = (n_begin + n) * Bc;
@@ -199,6 +203,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     warp_pv<T, Bc, D, kL>(o, pa, v_base);
 
     v_ring.release(n);
+    if constexpr (kStages > 1) v_ring.refill(n, n_tiles, load_v);  // V tile n + kStages - 1, slot of n - 1
   }
 
   // ---- epilogue: this split's partial result, O normalised by its own l and the LSE, to the workspace -----
