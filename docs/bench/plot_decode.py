@@ -165,8 +165,7 @@ def plot(data, path):
              "causal bottom-right (input_pos = Nk - Nq)."]
     notes += ([f"Roof: {data['copy_method']}."] if roof else ["No roof: the run had no PyTorch with CUDA."])
     for run in sorted({r["run"] for r in data["records"] if r.get("run")}):  # parts merged in (merge.py)
-        pairs = sorted({(r["B"], r["Hkv"]) for r in data["records"] if r.get("run") == run})
-        notes.append(f"Measured {run}: the points with " + ", ".join(f"B = {b}, Hkv = {h}" for b, h in pairs) + ".")
+        notes.append(f"Measured {run}: the points with " + run_points(data["records"], run) + ".")
     notes += peer_notes(data, impls)
     # Bottom to top: the notes, wrapped to the figure's width, then the legend; heights in figure fractions.
     notes = [line for n in notes for line in textwrap.wrap(n, int(width * 72 / 7.5 * 1.9))]
@@ -180,6 +179,24 @@ def plot(data, path):
     fig.tight_layout(rect=(0, legend_y + legend_row_h * legend_rows, 1, 0.985))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def run_points(records, run):
+    """Which points of the figure a merged run measured: its (B, Hkv) pairs, each with the (Nk, d) it did or
+    did not measure where the run holds only some of that pair's points."""
+    def shapes(pred):
+        return {(r["Nk"], r["d"]) for r in records if pred(r)}
+    nk = lambda n: f"{n // 1024}k" if n % 1024 == 0 else str(n)
+    out = []
+    for b, h in sorted({(r["B"], r["Hkv"]) for r in records if r.get("run") == run}):
+        mine = shapes(lambda r: r["B"] == b and r["Hkv"] == h and r.get("run") == run)
+        rest = shapes(lambda r: r["B"] == b and r["Hkv"] == h) - mine
+        pair = f"B = {b}, Hkv = {h}"
+        if rest:
+            few, word = (mine, "at") if len(mine) <= len(rest) else (rest, "but")
+            pair += f" {word} " + ", ".join(f"Nk = {nk(n)}, d = {d}" for n, d in sorted(few))
+        out.append(pair)
+    return "; ".join(out)
 
 
 # ---- the table ----------------------------------------------------------------------------------
