@@ -184,17 +184,15 @@ def plot(data, path):
 def run_points(records, run):
     """Which points of the figure a merged run measured: its (B, Hkv) pairs, each with the (Nk, d) it did or
     did not measure where the run holds only some of that pair's points."""
-    def shapes(pred):
-        return {(r["Nk"], r["d"]) for r in records if pred(r)}
-    nk = lambda n: f"{n // 1024}k" if n % 1024 == 0 else str(n)
     out = []
     for b, h in sorted({(r["B"], r["Hkv"]) for r in records if r.get("run") == run}):
-        mine = shapes(lambda r: r["B"] == b and r["Hkv"] == h and r.get("run") == run)
-        rest = shapes(lambda r: r["B"] == b and r["Hkv"] == h) - mine
+        pair_records = [r for r in records if (r["B"], r["Hkv"]) == (b, h)]
+        mine = {(r["Nk"], r["d"]) for r in pair_records if r.get("run") == run}
+        rest = {(r["Nk"], r["d"]) for r in pair_records} - mine
         pair = f"B = {b}, Hkv = {h}"
         if rest:
             few, word = (mine, "at") if len(mine) <= len(rest) else (rest, "but")
-            pair += f" {word} " + ", ".join(f"Nk = {nk(n)}, d = {d}" for n, d in sorted(few))
+            pair += f" {word} " + ", ".join(f"Nk = {nk_label(n)}, d = {d}" for n, d in sorted(few))
         out.append(pair)
     return "; ".join(out)
 
