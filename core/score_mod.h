@@ -100,17 +100,28 @@ FA_HD T softcap_tanh(T x) {
 // `dist` = j - (input_pos + i), the key's distance from the row's diagonal. A -inf score (a -inf bias: a
 // mask given as a bias) stays -inf through the softcap, where c * tanh(-inf / c) would make it -c and
 // unmask it. The one definition; the overloads below look up what a kernel keeps per row.
+// modify_at is the two halves below, in this order: the terms added to the score (bias, ALiBi), then the
+// softcap. A backward that needs the softcap's derivative keeps the pre-softcap score between them.
 template <int kWhich = kModifyAny, typename T, typename Dist>
-FA_HD T modify_at(const ScoreMod& m, T s, T bias, float slope, Dist dist) {
+FA_HD T modify_pre_at(const ScoreMod& m, T s, T bias, float slope, Dist dist) {
   constexpr bool kLone = kWhich == kModBias || kWhich == kModAlibi || kWhich == kModSoftcap;
   if constexpr ((kWhich & kModBias) != 0) s += bias;
   if constexpr ((kWhich & kModAlibi) != 0)
     if (kLone || m.alibi) s -= T(slope) * T(dist < 0 ? -dist : dist);
+  return s;
+}
+template <int kWhich = kModifyAny, typename T>
+FA_HD T softcap_at(const ScoreMod& m, T s) {
+  constexpr bool kLone = kWhich == kModBias || kWhich == kModAlibi || kWhich == kModSoftcap;
   // Only a bias can make s -inf here (a masked score never reaches modify): without one, no test.
   if constexpr ((kWhich & kModSoftcap) != 0)
     if ((kLone || m.softcap > 0.0f) && ((kWhich & kModBias) == 0 || s != -T(INFINITY)))
       s = T(m.softcap) * softcap_tanh(s * (T(1) / T(m.softcap)));  // times 1/c, not / c: a kernel hoists 1/c
   return s;
+}
+template <int kWhich = kModifyAny, typename T, typename Dist>
+FA_HD T modify_at(const ScoreMod& m, T s, T bias, float slope, Dist dist) {
+  return softcap_at<kWhich>(m, modify_pre_at<kWhich>(m, s, bias, slope, dist));
 }
 // The ALiBi slope of query head h: the given one, or the standard series.
 FA_HD float head_slope(const ScoreMod& m, int64_t h) {
@@ -142,12 +153,35 @@ FA_HD bool tile_all_visible(const ScoreMod& m, int64_t Nk, int64_t i0, int64_t i
 // The softcap's derivative d(capped)/d(pre-softcap) = 1 - tanh^2(s_pre / c), written with the capped
 // score s = c * tanh(s_pre / c) as 1 - (s / c)^2, so that the backward needs only the score it recomputes.
 // 1 when the softcap is off. It multiplies dS = P * (dP - D) before dS reaches dQ, dK and dBias.
+// For the host's references (fp64, and float with an exact tanh). Not for a kernel's scores: see below.
 template <typename T>
 FA_HD T softcap_grad(const ScoreMod& m, T s_capped) {
   if (!(m.softcap > 0.0f)) return T(1);
   if (s_capped == -T(INFINITY)) return T(0);  // a masked score: no gradient, and no 0 * inf = NaN
   const T t = s_capped / T(m.softcap);
   return T(1) - t * t;
+}
+
+// The same derivative from the pre-softcap score x, for the kernels: sech^2(x / c) = 4u / (1 + u)^2 with
+// u = e^(-2|x| / c). Why not 1 - t^2 from the capped score: a kernel's t comes from tanh.approx, whose
+// relative error of about 2^-11 is an absolute error of 2^-11 where tanh is near 1, and 1 - t^2 cancels
+// there; once |x| passes a few c, the derivative (e^(-2|x|/c) small) is as small as that error, and dQ and
+// dK of scores far beyond the cap lose every digit. ex2.approx's error is relative to u itself, so this
+// form keeps its digits at any |x|. A -inf score (a bias's mask) gives u = 0: derivative 0, no NaN. kLone:
+// the caller's kernel is compiled with the softcap alone (its flag is known to be on).
+template <bool kLone = false, typename T>
+FA_HD T softcap_grad_pre(const ScoreMod& m, T x) {
+  if (!kLone && !(m.softcap > 0.0f)) return T(1);
+  const T a = (x < T(0) ? -x : x) * (T(1) / T(m.softcap));
+#ifdef __CUDA_ARCH__
+  if constexpr (sizeof(T) == sizeof(float)) {
+    float u;  // e^(-2a) = 2^(-2a log2(e))
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(u) : "f"(-2.8853900817779268f * float(a)));
+    return T(__fdividef(4.0f * u, (1.0f + u) * (1.0f + u)));
+  }
+#endif
+  const T u = std::exp(T(-2) * a);
+  return T(4) * u / ((T(1) + u) * (T(1) + u));
 }
 
 }  // namespace fa

@@ -20,7 +20,6 @@ namespace fa::step4 {
 template <class Tr, int kOTiles, class Softmax>
 __device__ __forceinline__ void store_o_rows(float (&o)[kOTiles][4], Softmax& softmax, typename Tr::T* sq,
                                              const CUtensorMap* tm_o, int m0, int bh, int warp, const AttnParams& p) {
-  constexpr int Br = Tr::Br;
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row_g = m0 + 16 * warp + g;
   float inv_l[2], lse[2];
@@ -31,7 +30,7 @@ __device__ __forceinline__ void store_o_rows(float (&o)[kOTiles][4], Softmax& so
   for (int nd = 0; nd < kOTiles; ++nd)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint32_t off = tile_offset<Br, Tr::kLayout>(16 * warp + g + 8 * r, nd * 8) + 4 * t;  // columns 8nd + 2t, +1
+      const uint32_t off = Tr::QTile::offset(16 * warp + g + 8 * r, nd * 8) + 4 * t;  // columns 8nd + 2t, +1
       *reinterpret_cast<uint32_t*>(sO + off) =
           ptx::pack2<typename Tr::T>(o[nd][2 * r] * inv_l[r], o[nd][2 * r + 1] * inv_l[r]);
     }
@@ -39,7 +38,8 @@ __device__ __forceinline__ void store_o_rows(float (&o)[kOTiles][4], Softmax& so
   __syncwarp();               // ... from every lane of the warp
   if (lane == 0) {
 #pragma unroll
-    for (int c = 0; c < Tr::kPanels; ++c) ptx::tma_store_3d(tm_o, c * 64, m0 + 16 * warp, bh, sq + c * Br * 64 + 16 * warp * 64);
+    for (int c = 0; c < Tr::kPanels; ++c)  // the warp's 16 rows of each panel: a [16, 64] box
+      ptx::tma_store_3d(tm_o, c * 64, m0 + 16 * warp, bh, sO + Tr::QTile::offset(16 * warp, 64 * c));
     ptx::tma_store_commit_and_wait();  // shared memory must outlive the store's reads
   }
   if (p.lse && t == 0)

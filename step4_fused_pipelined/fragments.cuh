@@ -26,23 +26,17 @@
 
 namespace fa::step4 {
 
-// Byte offset of (row, 16-byte chunk) inside a 1024-byte-aligned panel of 128-byte rows, as TMA writes it.
-__device__ __forceinline__ uint32_t swizzle_128b(int row, int chunk) {
-  return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
 // The swizzle is computed from address bits, so swizzled tiles must start on 1024 bytes; the dynamic
 // shared-memory base is only 16-byte aligned, hence kSmemAlignSlack (kernel_traits.h) in every budget and this.
 __device__ __forceinline__ uint8_t* align_1024(uint8_t* smem_raw) {
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 }
 
-// Byte offset of element (row, col), col a multiple of 8, in a [Rows, D] tile of 64-column panels.
+// Byte offset of element (row, col), col a multiple of 8, in a [Rows, D] tile of 64-column panels
+// (panel_tile.h: panel col / 64, then row and chunk inside it, the chunk XORed with row % 8 when swizzled).
 template <int Rows, SmemLayout L = SmemLayout::kSwizzle>
 __device__ __forceinline__ uint32_t tile_offset(int row, int col) {
-  const int chunk = (col % 64) / 8;
-  if constexpr (L == SmemLayout::kPadded) return uint32_t((col / 64) * Rows * 144 + row * 144 + chunk * 16);
-  return uint32_t((col / 64) * Rows * 128) +
-         (L == SmemLayout::kSwizzle ? swizzle_128b(row, chunk) : uint32_t(row * 128 + chunk * 16));
+  return PanelLayout<Rows, L>::offset(row, col);
 }
 
 // A fragment of rows row0 .. row0+15, head-dim columns 16kk .. 16kk+15. Lanes 0-15 address the rows at

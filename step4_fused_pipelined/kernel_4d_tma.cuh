@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                   const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
                   const AttnParams p) {
   using T = typename Tr::T;
-  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
+  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   constexpr SmemLayout kL = Tr::kLayout;
   constexpr int kQSteps = D / 16;  // k16 steps of Q K^T
   constexpr int kSTiles = Bc / 8;  // n8 tiles of S
@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const QueryTileWork w(p, Br, Bc, Tr::kOrder, kMods != 0 ? &mods.m : nullptr);  // which query tile, which K/V tiles (scheduler.cuh)
 
   // One thread issues every TMA copy: K (or V) tile n into its ring's slot.
-  auto load_k = [&](int n) { k_ring.load<Bc, kPanels>(n, sm.k[0], &tm_k, (w.n_begin + n) * Bc, w.bh_kv); };
-  auto load_v = [&](int n) { v_ring.load<Bc, kPanels>(n, sm.v[0], &tm_v, (w.n_begin + n) * Bc, w.bh_kv); };
+  auto load_k = [&](int n) { k_ring.load<typename Tr::KVTile>(n, sm.k[0], &tm_k, (w.n_begin + n) * Bc, w.bh_kv); };
+  auto load_v = [&](int n) { v_ring.load<typename Tr::KVTile>(n, sm.v[0], &tm_v, (w.n_begin + n) * Bc, w.bh_kv); };
   // The producer, in iteration n >= 1: K and V tile n + kStages - 1 into the slots of tile n - 1, which every
   // warp released in its previous iteration (K after its Q K^T, V after its P V).
   auto refill = [&](int n) {
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
   if (threadIdx.x == 0) {
-    tma_load_tile<Br, kPanels>(sm.q, &tm_q, w.m0, w.bh, &sm.q_full);
+    tma_load_tile<typename Tr::QTile>(sm.q, &tm_q, w.m0, w.bh, &sm.q_full);
     for (int n = 0; n < kStages && n < w.n_tiles; ++n) {
       load_k(n);
       load_v(n);

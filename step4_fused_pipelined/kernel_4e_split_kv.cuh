@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                      const __grid_constant__ CUtensorMap tm_v, const AttnParams p, const SplitParams sp) {
   static_assert(!(kDropout && kPacked), "dropout draws per (head, row): packed tiles mix heads");
   using T = typename Tr::T;
-  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
+  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   constexpr SmemLayout kL = Tr::kLayout;
   constexpr int kQSteps = D / 16;  // k16 steps of Q K^T
   constexpr int kSTiles = Bc / 8;  // n8 tiles of S
@@ -100,8 +100,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int n_tiles = max(0, min(n_all, n_begin + sp.tiles_per_split) - n_begin);
 
   // One thread issues every TMA copy: K (or V) tile n_begin + n into its ring's slot n.
-  auto load_k = [&](int n) { k_ring.load<Bc, kPanels>(n, sm.k[0], &tm_k, (n_begin + n) * Bc, w.bh_kv); };
-  auto load_v = [&](int n) { v_ring.load<Bc, kPanels>(n, sm.v[0], &tm_v, (n_begin + n) * Bc, w.bh_kv); };
+  auto load_k = [&](int n) { k_ring.load<typename Tr::KVTile>(n, sm.k[0], &tm_k, (n_begin + n) * Bc, w.bh_kv); };
+  auto load_v = [&](int n) { v_ring.load<typename Tr::KVTile>(n, sm.v[0], &tm_v, (n_begin + n) * Bc, w.bh_kv); };
   // The producer, in iteration n >= 1: K and V tile n + kStages - 1 into the slots of tile n - 1, which every
   // warp released in its previous iteration (K after its Q K^T, V after its P V). With one slot, at the top of
   // the iteration; with more, K's and V's refills are issued at two places of the loop (below).
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     k_ring.init(Tr::kWarps);
     v_ring.init(Tr::kWarps);
     ptx::fence_barrier_init();
-    tma_load_tile<Br, kPanels>(sm.q, &tm_q, w.m0, w.bh, &sm.q_full);
+    tma_load_tile<typename Tr::QTile>(sm.q, &tm_q, w.m0, w.bh, &sm.q_full);
     for (int n = 0; n < kStages && n < n_tiles; ++n) {
       load_k(n);
       load_v(n);

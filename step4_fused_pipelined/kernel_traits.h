@@ -19,15 +19,9 @@
 #include <string>
 
 #include "gpu/gpu_types.h"
+#include "step4_fused_pipelined/panel_tile.h"
 
 namespace fa::step4 {
-
-// How the 16-byte chunks of a tile's rows are placed in shared memory (fragments.cuh, tile_offset).
-enum class SmemLayout {
-  kSwizzle,  // chunk c of row r at chunk c ^ (r % 8) of a 128-byte row: what TMA writes, conflict-free
-  kPadded,   // rows of 128 + 16 bytes: conflict-free too, at 1/8 more memory; TMA cannot write it
-  kPlain,    // rows of 128 bytes: ldmatrix hits 8-way bank conflicts (the ablation)
-};
 // Who copies the tiles from global into shared memory.
 enum class TileCopy {
   kThreads,  // every thread loads 16-byte chunks into registers and stores them (4a, 4b)
@@ -80,12 +74,12 @@ struct FwdTraits {
   static constexpr bool kHasMods = kCopy == TileCopy::kTma && kLayout == SmemLayout::kSwizzle && !kTiles.head_fast;
   static constexpr int kWarps = Br / 16;           // each warp owns 16 query rows: one m16 tile of mma.sync
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kPanelCols = 64;            // 64 x 16-bit = 128 bytes: one row of a swizzle panel
-  static constexpr int kPanels = D / kPanelCols;   // a [rows, D] tile is stored as kPanels [rows, 64] panels
+  using QTile = PanelTile<Br, D, kLayout>;         // the Q tile, later the O staging tile (panel_tile.h)
+  using KVTile = PanelTile<Bc, D, kLayout>;        // one K (or V) tile
+  static constexpr int kPanels = QTile::kPanels;   // a [rows, D] tile is stored as kPanels [rows, 64] panels
 
   static_assert(sizeof(T) == 2, "tensor-core operands are bf16 or fp16");
   static_assert(Br % 16 == 0, "each warp owns 16 query rows: one m16 tile of mma.m16n8k16");
-  static_assert(D % kPanelCols == 0, "d is split into 64-column panels, the width of the 128-byte swizzle");
   static_assert(D % 16 == 0, "Q K^T walks d in k16 steps of the mma");
   static_assert(Bc % 16 == 0, "P V walks keys in k16 steps, and K is read 16 keys per ldmatrix.x4");
   static_assert(Bc <= 256 && Br <= 256, "a TMA box spans at most 256 rows");
@@ -101,10 +95,8 @@ struct FwdTraits {
   static constexpr int kFragRegs = D / 16 * 4 + D / 8 * 4 + Bc / 8 * 4;
   static_assert(kFragRegs <= 200, "fragments alone would exceed the 255-register limit once addresses are added");
 
-  static constexpr size_t kRowBytes = kLayout == SmemLayout::kPadded ? 144 : 128;  // one row of a panel
-  static constexpr size_t kQBytes = size_t(kPanels) * Br * kRowBytes;   // Q tile, later the O staging tile
-  static constexpr size_t kKVBytes = size_t(kPanels) * Bc * kRowBytes;  // one K (or V) tile
-  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
+  static constexpr size_t kQBytes = QTile::kBytes, kKVBytes = KVTile::kBytes;
+  static_assert(QTile::kKeepsAlignment && KVTile::kKeepsAlignment, "tiles must keep the panels 1024-byte aligned");
 
   static std::string name() { return tiles_name(kTiles); }
 };
@@ -114,9 +106,9 @@ struct FwdTraits {
 template <class Tr>
 struct FwdSmem {
   using T = typename Tr::T;
-  T q[Tr::Br * Tr::D];                   // [kPanels][Br, 64]; at the end each warp stages its O rows here
-  T k[Tr::kStages][Tr::Bc * Tr::D];      // [kStages][kPanels][Bc, 64]  the K ring
-  T v[Tr::kStages][Tr::Bc * Tr::D];      // [kStages][kPanels][Bc, 64]  the V ring
+  T q[Tr::QTile::kBytes / sizeof(T)];               // Tr::QTile; at the end each warp stages its O rows here
+  T k[Tr::kStages][Tr::KVTile::kBytes / sizeof(T)];  // [kStages] x Tr::KVTile  the K ring
+  T v[Tr::kStages][Tr::KVTile::kBytes / sizeof(T)];  // [kStages] x Tr::KVTile  the V ring
   uint64_t q_full;                       // Q tile landed
   uint64_t k_full[Tr::kStages], v_full[Tr::kStages];    // K (V) tile of the slot landed
   uint64_t k_empty[Tr::kStages], v_empty[Tr::kStages];  // every warp is done reading the slot
@@ -127,9 +119,9 @@ struct FwdSmem {
 // The shared memory of the kernels whose threads copy the tiles (4a-4c): tiles only, no barriers.
 template <class Tr>
 struct CopySmem {
-  uint8_t q[Tr::kQBytes];                // [kPanels][Br, 64 (+ padding)]
-  uint8_t k[Tr::kStages][Tr::kKVBytes];  // [kStages][kPanels][Bc, 64 (+ padding)]
-  uint8_t v[Tr::kStages][Tr::kKVBytes];
+  uint8_t q[Tr::QTile::kBytes];                // Tr::QTile: [kPanels][Br, 64 (+ padding)]
+  uint8_t k[Tr::kStages][Tr::KVTile::kBytes];  // [kStages] x Tr::KVTile
+  uint8_t v[Tr::kStages][Tr::KVTile::kBytes];
 
   static constexpr size_t kBytes() { return kSmemAlignSlack + sizeof(CopySmem); }
 };

@@ -13,17 +13,26 @@
 #include <cstdint>
 
 #include "gpu/ptx.h"
+#include "step4_fused_pipelined/panel_tile.h"
 
 namespace fa::step4 {
 
-// A tile in a buffer of its own (Q): [kPanels][kRows, 64] elements at `dst`, kPanels copies from a tensor map
-// whose box is [kRows, 64], at tensor row `row` of head `bh`, all signalling `bar`, which the calling thread
-// arrives on, expecting their bytes. TmaRing::load is this, into a slot.
-template <int kRows, int kPanels, class T>
-__device__ __forceinline__ void tma_load_tile(T* dst, const void* tmap, int row, int bh, uint64_t* bar) {
-  ptx::mbar_arrive_expect_tx(bar, uint32_t(kPanels) * kRows * 128);
+// The copies of one swizzled tile (Tile: a PanelTile, panel_tile.h) into `dst`: one per panel, from a tensor
+// map whose box is [Tile::kRows, 64], at tensor row `row` of head `bh`, each signalling `bar`. The caller
+// has made `bar` expect their bytes (Tile::kBytes); a barrier may wait for several tiles at once (step 5's
+// K and V).
+template <class Tile>
+__device__ __forceinline__ void tma_load_panels(void* dst, const void* tmap, int row, int bh, uint64_t* bar) {
 #pragma unroll
-  for (int c = 0; c < kPanels; ++c) ptx::tma_load_3d(dst + c * kRows * 64, tmap, c * 64, row, bh, bar);
+  for (int c = 0; c < Tile::kPanels; ++c)
+    ptx::tma_load_3d(static_cast<uint8_t*>(dst) + Tile::panel(c), tmap, c * Tile::kPanelCols, row, bh, bar);
+}
+// A tile in a buffer of its own (Q): its copies, signalling `bar`, which the calling thread arrives on,
+// expecting their bytes. TmaRing::load is this, into a slot.
+template <class Tile>
+__device__ __forceinline__ void tma_load_tile(void* dst, const void* tmap, int row, int bh, uint64_t* bar) {
+  ptx::mbar_arrive_expect_tx(bar, uint32_t(Tile::kBytes));
+  tma_load_panels<Tile>(dst, tmap, row, bh, bar);
 }
 
 template <int kStages>
@@ -48,12 +57,12 @@ struct TmaRing {
     ptx::mbar_arrive_expect_tx(bar, bytes);
     return bar;
   }
-  // The producer: tile n of a tensor map whose box is [kRows, 64] (one 128-byte-wide panel) into its slot of
-  // `ring` ([kStages][kPanels][kRows, 64] elements): kPanels copies at tensor row `row` of head `bh`, all
-  // signalling the slot's full barrier, which expects their bytes.
-  template <int kRows, int kPanels, class T>
-  __device__ void load(int n, T* ring, const void* tmap, int row, int bh) const {
-    tma_load_tile<kRows, kPanels>(ring + slot(n) * kPanels * kRows * 64, tmap, row, bh, &full[slot(n)]);
+  // The producer: tile n (a Tile, panel_tile.h) of a tensor map whose box is [Tile::kRows, 64] (one
+  // 128-byte-wide panel) into its slot of `ring` ([kStages] tiles of Tile::kBytes): a copy per panel at
+  // tensor row `row` of head `bh`, all signalling the slot's full barrier, which expects their bytes.
+  template <class Tile>
+  __device__ void load(int n, void* ring, const void* tmap, int row, int bh) const {
+    tma_load_tile<Tile>(static_cast<uint8_t*>(ring) + slot(n) * int(Tile::kBytes), tmap, row, bh, &full[slot(n)]);
   }
   // The producer, in iteration n of n_total: load(n + kStages - 1) into the slot tile n - 1 used, once
   // every warp released it. load(m) issues tile m's copies (after expect(m, ...)).

@@ -15,7 +15,8 @@
 //     s' = modify(scale * s) / scale = modify_raw(s)          (masked: -inf)
 // so no score is multiplied by the scale and back, and the softmax, the LSE and step 5's recomputation of
 // P = exp2(s' scale log2(e) - LSE log2(e)) stay as they are. The backward multiplies dS by the softcap's
-// derivative, 1 - (s / c)^2 = 1 - (s' / c')^2, and dBias is that dS (docs/conventions.md).
+// derivative sech^2(x / c) = sech^2(x' / c') at the pre-softcap score x' (grad()), and dBias is that dS
+// (docs/conventions.md).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -96,16 +97,26 @@ struct ScoreMods {
   }
 
   // Score s (raw units) of row r, key j -> the modified score in raw units, or -inf where masked.
-  __device__ __forceinline__ float operator()(float s, const ModRow& r, int j) const {
+  __device__ __forceinline__ float operator()(float s, const ModRow& r, int j) const { return cap(pre(s, r, j)); }
+
+  // The two halves of operator(), for a backward that needs the softcap's derivative: pre() adds the bias
+  // and ALiBi (the pre-softcap score x, or -inf where masked), cap() applies the softcap, grad() is its
+  // derivative at x (core/score_mod.h, softcap_grad_pre; 1 in a kernel compiled without the softcap).
+  __device__ __forceinline__ float pre(float s, const ModRow& r, int j) const {
     if (j < r.lo || j > r.hi) return -INFINITY;
-    if constexpr (kValues == 0) {
+    if constexpr ((kValues & ~kModSoftcap) == 0) {
       return s;
     } else {
       float b = 0.0f;
       if constexpr ((kValues & kModBias) != 0)
         if (kLone || r.bias) b = __ldg(r.bias + j) * inv_scale;  // the bias in raw units
-      return modify_at<kValues>(m, s, b, r.slope, j - r.diag);
+      return modify_pre_at<kValues>(m, s, b, r.slope, j - r.diag);
     }
+  }
+  __device__ __forceinline__ float cap(float x) const { return softcap_at<kValues>(m, x); }
+  __device__ __forceinline__ float grad(float x) const {
+    if constexpr ((kValues & kModSoftcap) == 0) return 1.0f;
+    else return softcap_grad_pre<kLone>(m, x);
   }
 
   // The keys every row of [i0, i1] sees: the left edge of the last row to the right edge of the first
@@ -120,9 +131,6 @@ struct ScoreMods {
   __device__ __forceinline__ bool needed(const ModRow& c, int k0, int cols) const {
     return kValues != 0 || k0 < c.lo || k0 + cols - 1 > c.hi;
   }
-
-  // d(modified)/d(scale * q.k) of a visible score s' (raw units): the softcap's derivative, 1 without one.
-  __device__ __forceinline__ float grad(float s) const { return softcap_grad(m, s); }
 
   // The forward's S accumulators (mask.h's layout): s[nt][0..1] = row r0, keys key_2t + 8nt, +1;
   // s[nt][2..3] = row r8, the same keys.

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     atomic_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
   using T = typename Tr::T;
-  constexpr int D = Tr::D, Bc = Tr::Bc, Bq = Tr::Bq, kStages = Tr::kStages, kPanels = Tr::kPanels, kPitch = Tr::kPitch;
+  constexpr int D = Tr::D, Bc = Tr::Bc, Bq = Tr::Bq, kStages = Tr::kStages, kPitch = Tr::kPitch;
   constexpr int kMK = Tr::kWarpKeys / 16;       // m16 tiles of keys per warp      (S^T, dP^T)
   constexpr int kNQ = Tr::kWarpQueries / 8;     // n8 tiles of queries per warp    (S^T, dP^T)
   constexpr int kMKd = Tr::kWarpKeysDkv / 16;   // m16 tiles of keys per warp      (dV, dK)
@@ -137,12 +137,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (w.n_iter > 0) stage_lse_d(0, fetch_lse_d(0));
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them; LSE, D of it 0
   if (threadIdx.x == 0) {
-    ptx::mbar_arrive_expect_tx(&sm.kv_full, 2 * Tr::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) {
-      ptx::tma_load_3d(sm.k + c * Bc * 64, &tm_k, c * 64, w.k0, w.bh_kv, &sm.kv_full);
-      ptx::tma_load_3d(sm.v + c * Bc * 64, &tm_v, c * 64, w.k0, w.bh_kv, &sm.kv_full);
-    }
+    ptx::mbar_arrive_expect_tx(&sm.kv_full, 2 * Tr::kKVBytes);  // K and V: one barrier for both tiles
+    tma_load_pair<typename Tr::KVTile>(sm.k, &tm_k, sm.v, &tm_v, w.k0, w.bh_kv, &sm.kv_full);
     for (int n = 0; n < kStages && n < w.n_iter; ++n) load_q_do_tiles(n);
   }
   ptx::mbar_wait(&sm.kv_full, 0);  // K and V have landed (read for the whole kernel, never overwritten)
@@ -225,8 +221,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           }
     };
     // With modifiers, a tile they touch goes through them: P^T from the modified score S' (raw units, -inf
-    // where masked), here; with a softcap (kDefer), S' itself stays in s, since dS^T needs it for the
-    // softcap's derivative, and P^T is computed from it after dP^T, below.
+    // where masked), here; with a softcap (kDefer), the pre-softcap score X stays in s, since dS^T needs it
+    // for the softcap's derivative, and S' and P^T are computed from it after dP^T, below.
     using Mods = std::remove_cv_t<decltype(mods)>;
     constexpr bool kDefer = (Mods::kValues & kModSoftcap) != 0;
     const bool modded = kMods != 0 && mods.needed(mods.common(q0 + qry0, q0 + qry0 + Tr::kWarpQueries - 1),
@@ -240,11 +236,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
-            const float sm = mods(s[mi][nt][e], cols.at(i), j);
-            if constexpr (kDefer)
-              s[mi][nt][e] = sm;
-            else
+            const float x = mods.pre(s[mi][nt][e], cols.at(i), j);
+            if constexpr (kDefer) {
+              s[mi][nt][e] = x;
+            } else {
+              const float sm = mods.cap(x);
               s[mi][nt][e] = sm == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(sm, p.scale_log2, -lse2[nt][e % 2]));
+            }
           }
     } else if (kMods == 0 && step4::tile_needs_mask(p, q0, Bq, w.k0, Bc)) {  // kMods and not modded: all visible
       probabilities(std::true_type{});
@@ -273,9 +271,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
           const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
           float pr = s[mi][nt][e], grad = 1.0f;
-          if (kDefer && modded) {
-            pr = pr == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(pr, p.scale_log2, -lse2m[nt][e % 2]));
-            grad = mods_grad(mods, s[mi][nt][e]);
+          if (kDefer && modded) {  // s holds X: S' = softcap(X), P^T from S', and the derivative at X
+            const float sm = mods.cap(pr);
+            grad = mods.grad(pr);
+            pr = sm == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(sm, p.scale_log2, -lse2m[nt][e % 2]));
           }
           s[mi][nt][e] = pr * z;
           dp[mi][nt][e] = pr * (dp[mi][nt][e] * z - d_i[nt][e % 2]) * grad;

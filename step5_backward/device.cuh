@@ -78,14 +78,6 @@ struct ModColumns {
   }
 };
 
-// The softcap's derivative at a modified score s' (ScoreMods::grad), 1 without a test in a kernel compiled
-// without the softcap: what multiplies dS into dS_pre.
-template <class Mods>
-__device__ __forceinline__ float mods_grad(const Mods& mods, float s) {
-  if constexpr ((Mods::kValues & kModSoftcap) == 0) return 1.0f;
-  else return mods.grad(s);
-}
-
 // Where a kernel compiled with the bias puts dS_pre = dBias (docs/conventions.md) of one (b, h): rows [Nq, Nk],
 // element (i, j) stored, or added with a float atomic (`add`) where other (b, h) add into the same element;
 // past Nq or Nk, or without a base (no bias), nothing. dbias_rows() picks:
@@ -227,18 +219,27 @@ struct KeyBlockWork {
   __device__ int q0(int it) const { return (m_first + order(it) % per_head) * Bq; }  // its first query row
 };
 
+// Two tiles at the same tensor coordinates (K and V, or Q and dO; Tile: step 4's PanelTile) into dst_a and
+// dst_b, every copy signalling `bar`, which the caller has made expect both (2 Tile::kBytes): the backward
+// always needs such a pair at once. Panel by panel, so both tensors' panel c leave together.
+template <class Tile>
+__device__ __forceinline__ void tma_load_pair(void* dst_a, const void* tm_a, void* dst_b, const void* tm_b, int row,
+                                              int bh, uint64_t* bar) {
+#pragma unroll
+  for (int c = 0; c < Tile::kPanels; ++c) {
+    ptx::tma_load_3d(static_cast<uint8_t*>(dst_a) + Tile::panel(c), tm_a, c * Tile::kPanelCols, row, bh, bar);
+    ptx::tma_load_3d(static_cast<uint8_t*>(dst_b) + Tile::panel(c), tm_b, c * Tile::kPanelCols, row, bh, bar);
+  }
+}
+
 // The producer: iteration it's Q and dO tiles (the order of KeyBlockWork) into their slot of the Q/dO ring
 // (step 4's TmaRing). Smem is the kernel's shared-memory type, with q and dout rings of Tr::kStages slots.
 template <class Tr, class Smem, class Ring>
 __device__ __forceinline__ void load_q_do(Smem& sm, const Ring& ring, const KeyBlockWork& w, int Hq, int it,
                                           const CUtensorMap* tm_q, const CUtensorMap* tm_do) {
   const int bh_q = w.b * Hq + w.head(it), q0 = w.q0(it);
-  uint64_t* bar = ring.expect(it, 2 * Tr::kQBytes);
-#pragma unroll
-  for (int c = 0; c < Tr::kPanels; ++c) {
-    ptx::tma_load_3d(sm.q[ring.slot(it)] + c * Tr::Bq * 64, tm_q, c * 64, q0, bh_q, bar);
-    ptx::tma_load_3d(sm.dout[ring.slot(it)] + c * Tr::Bq * 64, tm_do, c * 64, q0, bh_q, bar);
-  }
+  uint64_t* bar = ring.expect(it, 2 * Tr::kQBytes);  // Q and dO: one barrier for both tiles
+  tma_load_pair<typename Tr::QTile>(sm.q[ring.slot(it)], tm_q, sm.dout[ring.slot(it)], tm_do, q0, bh_q, bar);
 }
 
 }  // namespace fa::step5

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
   using T = typename Tr::T;
-  constexpr int D = Tr::D, Bc = Tr::Bc, Bq = Tr::Bq, kStages = Tr::kStages, kPanels = Tr::kPanels;
+  constexpr int D = Tr::D, Bc = Tr::Bc, Bq = Tr::Bq, kStages = Tr::kStages;
   constexpr int kQTiles = Bq / 8;  // n8 tiles of S^T and dP^T (query columns)
   constexpr int kDTiles = D / 8;   // n8 tiles of dK and dV (head-dim columns)
   const AttnParams& p = bp.a;
@@ -82,12 +82,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
   if (threadIdx.x == 0) {
-    ptx::mbar_arrive_expect_tx(&sm.kv_full, 2 * Tr::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) {
-      ptx::tma_load_3d(sm.k + c * Bc * 64, &tm_k, c * 64, k0, w.bh_kv, &sm.kv_full);
-      ptx::tma_load_3d(sm.v + c * Bc * 64, &tm_v, c * 64, k0, w.bh_kv, &sm.kv_full);
-    }
+    ptx::mbar_arrive_expect_tx(&sm.kv_full, 2 * Tr::kKVBytes);  // K and V: one barrier for both tiles
+    tma_load_pair<typename Tr::KVTile>(sm.k, &tm_k, sm.v, &tm_v, k0, w.bh_kv, &sm.kv_full);
     for (int n = 0; n < kStages && n < w.n_iter; ++n) load_q_do_tiles(n);
   }
   ptx::mbar_wait(&sm.kv_full, 0);  // K and V have landed (read for the whole kernel, never overwritten)
@@ -154,11 +150,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = q0 + nt * 8 + 2 * t + e % 2, j = key_g + 8 * (e / 2);
-          const float sm = mods(s[nt][e], cols.at(i), j);  // -inf: masked, or past Nq or Nk
+          const float x = mods.pre(s[nt][e], cols.at(i), j);  // -inf: masked, or past Nq or Nk
+          const float sm = mods.cap(x);
           const float pr = sm == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(sm, p.scale_log2, -lse2[nt][e % 2]));
           const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
           s[nt][e] = pr * z;
-          dp[nt][e] = pr * (dp[nt][e] * z - d_i[nt][e % 2]) * mods_grad(mods, sm);
+          dp[nt][e] = pr * (dp[nt][e] * z - d_i[nt][e % 2]) * mods.grad(x);
           dbias.put(8 * nt + e % 2, 8 * (e / 2), dp[nt][e]);  // (i, j), with the bias
         }
     };

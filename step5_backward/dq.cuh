@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
               const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
   using T = typename Tr::T;
-  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
+  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   constexpr int kSTiles = Bc / 8;  // n8 tiles of S and dP (key columns)
   constexpr int kDTiles = D / 8;   // n8 tiles of dQ (head-dim columns)
   const AttnParams& p = bp.a;
@@ -50,12 +50,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // One thread issues every TMA copy: K and V tile n (from the first tile the rows see) into its slot of the ring.
   auto load_k_v = [&](int n) {
-    uint64_t* bar = ring.expect(n, 2 * Tr::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) {
-      ptx::tma_load_3d(sm.k[ring.slot(n)] + c * Bc * 64, &tm_k, c * 64, (w.n_begin + n) * Bc, w.bh_kv, bar);
-      ptx::tma_load_3d(sm.v[ring.slot(n)] + c * Bc * 64, &tm_v, c * 64, (w.n_begin + n) * Bc, w.bh_kv, bar);
-    }
+    uint64_t* bar = ring.expect(n, 2 * Tr::kKVBytes);  // K and V: one barrier for both tiles
+    tma_load_pair<typename Tr::KVTile>(sm.k[ring.slot(n)], &tm_k, sm.v[ring.slot(n)], &tm_v, (w.n_begin + n) * Bc,
+                                       w.bh_kv, bar);
   };
 
   // ---- prologue: barriers, then Q, dO and the first kStages K/V tiles in flight ------------------------
@@ -66,12 +63,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
   if (threadIdx.x == 0) {
-    ptx::mbar_arrive_expect_tx(&sm.q_full, 2 * Tr::kQBytes);
-#pragma unroll
-    for (int c = 0; c < kPanels; ++c) {
-      ptx::tma_load_3d(sm.q + c * Br * 64, &tm_q, c * 64, m0, bh, &sm.q_full);
-      ptx::tma_load_3d(sm.dout + c * Br * 64, &tm_do, c * 64, m0, bh, &sm.q_full);
-    }
+    ptx::mbar_arrive_expect_tx(&sm.q_full, 2 * Tr::kQBytes);  // Q and dO: one barrier for both tiles
+    tma_load_pair<typename Tr::QTile>(sm.q, &tm_q, sm.dout, &tm_do, m0, bh, &sm.q_full);
     for (int n = 0; n < kStages && n < w.n_tiles; ++n) load_k_v(n);
   }
 
@@ -155,9 +148,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2, j = key0 + nt * 8 + 2 * t + e % 2;
           const float z = kDropout ? keep.z(nt, e, p.dropout.keep_scale) : 1.0f;
-          const float sm = mods(s[nt][e], r ? mod_g8 : mod_g, j);  // -inf: masked, or past Nq or Nk
+          const float x = mods.pre(s[nt][e], r ? mod_g8 : mod_g, j);  // -inf: masked, or past Nq or Nk
+          const float sm = mods.cap(x);
           const float pr = sm == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(sm, p.scale_log2, -lse2[r]));
-          s[nt][e] = pr * (dp[nt][e] * z - d_i[r]) * mods_grad(mods, sm);
+          s[nt][e] = pr * (dp[nt][e] * z - d_i[r]) * mods.grad(x);
         }
     };
     if constexpr (kMods != 0) {

@@ -38,7 +38,6 @@ struct DkDvTraits {
   using T = T_;
   static constexpr int D = D_, kWarps = kTiles.warps, Bc = 16 * kWarps, Bq = kTiles.Bq, kStages = kTiles.stages;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kPanels = D / 64;
 
   static_assert(sizeof(T) == 2, "tensor-core operands are bf16 or fp16");
   static_assert(D == 64 || D == 128, "d is split into 64-column panels, the width of the 128-byte swizzle");
@@ -49,18 +48,19 @@ struct DkDvTraits {
   static constexpr int kFragRegs = 2 * (D / 8 * 4) + 2 * (Bq / 8 * 4);
   static_assert(kFragRegs <= 200, "fragments alone would exceed the 255-register limit once addresses are added");
 
-  static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
-  static constexpr size_t kQBytes = size_t(Bq) * D * sizeof(T);   // one Q (or dO) tile of the ring
-  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
+  using KVTile = step4::PanelTile<Bc, D>;  // the K (or V) tile, loaded once (step 4's panel_tile.h)
+  using QTile = step4::PanelTile<Bq, D>;   // one Q (or dO) tile of the ring
+  static constexpr size_t kKVBytes = KVTile::kBytes, kQBytes = QTile::kBytes;
+  static_assert(KVTile::kKeepsAlignment && QTile::kKeepsAlignment, "tiles must keep the panels 1024-byte aligned");
 };
 
 template <class Tr>
 struct DkDvSmem {
   using T = typename Tr::T;
-  T k[Tr::Bc * Tr::D];                   // [kPanels][Bc, 64]  loaded once
-  T v[Tr::Bc * Tr::D];                   // [kPanels][Bc, 64]
-  T q[Tr::kStages][Tr::Bq * Tr::D];      // [kStages][kPanels][Bq, 64]  the Q/dO ring
-  T dout[Tr::kStages][Tr::Bq * Tr::D];   // [kStages][kPanels][Bq, 64]
+  T k[Tr::KVTile::kBytes / sizeof(T)];                 // Tr::KVTile, loaded once
+  T v[Tr::KVTile::kBytes / sizeof(T)];                 // Tr::KVTile
+  T q[Tr::kStages][Tr::QTile::kBytes / sizeof(T)];     // [kStages] x Tr::QTile  the Q/dO ring
+  T dout[Tr::kStages][Tr::QTile::kBytes / sizeof(T)];  // [kStages] x Tr::QTile
   uint64_t kv_full;                      // K and V landed
   uint64_t full[Tr::kStages], empty[Tr::kStages];  // the ring's barriers (step 4's ring.cuh)
 
@@ -79,7 +79,6 @@ struct DqTraits {
   using T = T_;
   static constexpr int D = D_, kWarps = kTiles.warps, Br = 16 * kWarps, Bc = kTiles.Bc, kStages = kTiles.stages;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kPanels = D / 64;
 
   static_assert(sizeof(T) == 2, "tensor-core operands are bf16 or fp16");
   static_assert(D == 64 || D == 128, "d is split into 64-column panels, the width of the 128-byte swizzle");
@@ -90,18 +89,19 @@ struct DqTraits {
   static constexpr int kFragRegs = 2 * (D / 16 * 4) + D / 8 * 4 + 2 * (Bc / 8 * 4);
   static_assert(kFragRegs <= 200, "fragments alone would exceed the 255-register limit once addresses are added");
 
-  static constexpr size_t kQBytes = size_t(Br) * D * sizeof(T);   // the Q (or dO) tile, loaded once
-  static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // one K (or V) tile of the ring
-  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
+  using QTile = step4::PanelTile<Br, D>;   // the Q (or dO) tile, loaded once (step 4's panel_tile.h)
+  using KVTile = step4::PanelTile<Bc, D>;  // one K (or V) tile of the ring
+  static constexpr size_t kQBytes = QTile::kBytes, kKVBytes = KVTile::kBytes;
+  static_assert(KVTile::kKeepsAlignment && QTile::kKeepsAlignment, "tiles must keep the panels 1024-byte aligned");
 };
 
 template <class Tr>
 struct DqSmem {
   using T = typename Tr::T;
-  T q[Tr::Br * Tr::D];                   // [kPanels][Br, 64]  loaded once
-  T dout[Tr::Br * Tr::D];                // [kPanels][Br, 64]
-  T k[Tr::kStages][Tr::Bc * Tr::D];      // [kStages][kPanels][Bc, 64]  the K/V ring
-  T v[Tr::kStages][Tr::Bc * Tr::D];      // [kStages][kPanels][Bc, 64]
+  T q[Tr::QTile::kBytes / sizeof(T)];                // Tr::QTile, loaded once
+  T dout[Tr::QTile::kBytes / sizeof(T)];             // Tr::QTile
+  T k[Tr::kStages][Tr::KVTile::kBytes / sizeof(T)];  // [kStages] x Tr::KVTile  the K/V ring
+  T v[Tr::kStages][Tr::KVTile::kBytes / sizeof(T)];  // [kStages] x Tr::KVTile
   uint64_t q_full;                       // Q and dO landed
   uint64_t full[Tr::kStages], empty[Tr::kStages];  // the ring's barriers
 
@@ -138,7 +138,6 @@ struct AtomicTraits {
   static constexpr int D = D_, Bc = kTiles.Bc, Bq = kTiles.Bq, kWarpsK = kTiles.warps_k, kWarpsQ = kTiles.warps_q;
   static constexpr int kStages = kTiles.stages;
   static constexpr int kWarps = kWarpsK * kWarpsQ, kThreads = 32 * kWarps;
-  static constexpr int kPanels = D / 64;
   static constexpr int kWarpKeys = Bc / kWarpsK, kWarpQueries = Bq / kWarpsQ;
   static constexpr int kDkvWarpsK = kTiles.dkv_warps_k ? kTiles.dkv_warps_k : kWarpsK, kDkvWarpsD = kWarps / kDkvWarpsK;
   static constexpr int kWarpKeysDkv = Bc / kDkvWarpsK, kWarpDkv = D / kDkvWarpsD;
@@ -166,9 +165,10 @@ struct AtomicTraits {
   static constexpr int kFragRegs = 2 * kWarpKeysDkv * kWarpDkv / 32 + 2 * kWarpKeys * kWarpQueries / 32;
   static_assert(kFragRegs <= 200, "fragments alone would exceed the 255-register limit once addresses are added");
 
-  static constexpr size_t kKVBytes = size_t(Bc) * D * sizeof(T);  // the K (or V) tile, loaded once
-  static constexpr size_t kQBytes = size_t(Bq) * D * sizeof(T);   // one Q (or dO) tile of the ring
-  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the panels 1024-byte aligned");
+  using KVTile = step4::PanelTile<Bc, D>;  // the K (or V) tile, loaded once (step 4's panel_tile.h)
+  using QTile = step4::PanelTile<Bq, D>;   // one Q (or dO) tile of the ring
+  static constexpr size_t kKVBytes = KVTile::kBytes, kQBytes = QTile::kBytes;
+  static_assert(KVTile::kKeepsAlignment && QTile::kKeepsAlignment, "tiles must keep the panels 1024-byte aligned");
   // P^T and dS^T: [Bc keys, Bq queries] 16-bit tiles. Rows are padded by 8 elements (16 bytes): the 8 rows
   // an stmatrix writes or an ldmatrix (.trans or not) reads then fall in 8 different 16-byte bank groups.
   static constexpr int kPitch = Bq + 8;
@@ -196,10 +196,10 @@ struct LeanBarrier<true> {
 template <class Tr>
 struct AtomicSmem {
   using T = typename Tr::T;
-  T k[Tr::Bc * Tr::D];                          // [kPanels][Bc, 64]  loaded once
-  T v[Tr::Bc * Tr::D];                          // [kPanels][Bc, 64]
-  T q[Tr::kStages][Tr::Bq * Tr::D];             // [kStages][kPanels][Bq, 64]  the Q/dO ring
-  T dout[Tr::kStages][Tr::Bq * Tr::D];          // [kStages][kPanels][Bq, 64]
+  T k[Tr::KVTile::kBytes / sizeof(T)];                 // Tr::KVTile, loaded once
+  T v[Tr::KVTile::kBytes / sizeof(T)];                 // Tr::KVTile
+  T q[Tr::kStages][Tr::QTile::kBytes / sizeof(T)];     // [kStages] x Tr::QTile  the Q/dO ring
+  T dout[Tr::kStages][Tr::QTile::kBytes / sizeof(T)];  // [kStages] x Tr::QTile
   T p[Tr::kPBufs][Tr::Bc * Tr::kPitch];         // [kPBufs][Bc, kPitch]   Pd^T
   T ds[Tr::kDsBufs][Tr::Bc * Tr::kPitch];       // [kDsBufs][Bc, kPitch]  dS^T
   float lse_d[2][2][Tr::Bq];                    // [slot it % 2][LSE (log2 units), D][Bq]

@@ -18,7 +18,7 @@ constexpr HopperTiles substep(HopperTiles tiles, Design d) { return {tiles.Br, t
 // Does each configuration's shared memory fit the H100: one block, and the blocks an SM holds at once?
 template <class... Tr>
 constexpr bool fit_h100(ConfigList<Tr...>) {
-  return ((kSmemBytes<Tr> <= 227 * 1024 && Tr::kBlocksPerSM * (kSmemBytes<Tr> + 1024) <= 228 * 1024) && ...);
+  return ((kSmemBytes<Tr> <= kSm90SmemBytes && Tr::kBlocksPerSM * (kSmemBytes<Tr> + 1024) <= 228 * 1024) && ...);
 }
 
 template <typename T, int D>
@@ -59,7 +59,7 @@ struct Configs {
                             Fwd<HopperTiles{.Br = 128, .Bc = 128, .stages = 3}>,          //
                             Fwd<kLong>, Fwd<kShort>>;
   using All = std::conditional_t<D == 64, typename Append<Common, Fwd<kHalf>, Fwd<kHalfLong>, Fwd<kHalfNarrow>, Fwd<kThirdNarrow>, Fwd<kThree>>::type, Common>;
-  static_assert(kSmemBytes<Fwd<kShort>> <= 227 * 1024, "7d's second Q tile must fit beside the first and the K/V ring");
+  static_assert(kSmemBytes<Fwd<kShort>> <= kSm90SmemBytes, "7d's second Q tile must fit beside the first and the K/V ring");
   static_assert(fit_h100(All{}), "every configuration fits the H100's shared memory: 227 KB per block, and its "
                                  "blocks per SM (two or three of 64 rows) 228 KB per SM with 1 KB reserved per block");
 };

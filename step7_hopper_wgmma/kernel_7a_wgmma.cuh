@@ -82,7 +82,7 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     forward_7a(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o, const AttnParams p) {
-  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
+  constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   constexpr int kSTiles = Bc / 8, kOTiles = D / 8;
 
   extern __shared__ uint8_t smem_raw[];
@@ -91,8 +91,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int warp = threadIdx.x / 32, wg = warp / 4;
   const step4::QueryTileWork w(p, Br, Bc);
 
-  auto load_k = [&](int n) { k_ring.load<Bc, kPanels>(n, sm.k[0], &tm_k, n * Bc, w.bh_kv); };
-  auto load_v = [&](int n) { v_ring.load<Bc, kPanels>(n, sm.v[0], &tm_v, n * Bc, w.bh_kv); };
+  auto load_k = [&](int n) { k_ring.load<typename Tr::KVTile>(n, sm.k[0], &tm_k, n * Bc, w.bh_kv); };
+  auto load_v = [&](int n) { v_ring.load<typename Tr::KVTile>(n, sm.v[0], &tm_v, n * Bc, w.bh_kv); };
 
   // ---- prologue (4d's): barriers, then Q and the first kStages tiles of K and of V in flight ---------
   if (threadIdx.x == 0) {
@@ -103,14 +103,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
   if (threadIdx.x == 0) {
-    step4::tma_load_tile<Br, kPanels>(sm.q, &tm_q, w.m0, w.bh, &sm.q_full);
+    step4::tma_load_tile<typename Tr::QTile>(sm.q, &tm_q, w.m0, w.bh, &sm.q_full);
     for (int n = 0; n < kStages && n < w.n_tiles; ++n) {
       load_k(n);
       load_v(n);
     }
   }
   // Q stays in shared memory: the wgmma reads it there. This warpgroup's 64 rows start 64 rows into panel 0.
-  const uint32_t q_rows = ptx::smem_u32(sm.q) + wg * 64 * 128;
+  const uint32_t q_rows = ptx::smem_u32(sm.q) + Tr::QTile::offset(64 * wg, 0);
   ptx::mbar_wait(&sm.q_full, 0);  // also before the epilogue reuses the tile, when there is no K/V tile
 
   // ---- main loop over K/V tiles: the producer (thread 0, as in 4d) refills after its Q K^T ---------------

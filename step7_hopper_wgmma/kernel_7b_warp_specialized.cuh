@@ -38,15 +38,15 @@ template <class Tr, class S>
 __device__ __forceinline__ void produce(S& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                         const CUtensorMap* tm_v, const step4::QueryTileWork& w, typename Tr::T* sq,
                                         uint64_t* q_full, int it0 = 0) {
-  constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kPanels = Tr::kPanels;
+  constexpr int Bc = Tr::Bc, kStages = Tr::kStages;
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
-  step4::tma_load_tile<Br, kPanels>(sq, tm_q, w.m0, w.bh, q_full);
+  step4::tma_load_tile<typename Tr::QTile>(sq, tm_q, w.m0, w.bh, q_full);
   for (int n = 0; n < w.n_tiles; ++n) {
     const int i = it0 + n, s = k_ring.slot(i);  // the ring's i-th use
     if (i >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(i - kStages));  // use i - kStages released
-    k_ring.load<Bc, kPanels>(i, sm.k[0], tm_k, n * Bc, w.bh_kv);
+    k_ring.load<typename Tr::KVTile>(i, sm.k[0], tm_k, n * Bc, w.bh_kv);
     if (i >= kStages) ptx::mbar_wait(&sm.v_empty[s], v_ring.parity(i - kStages));
-    v_ring.load<Bc, kPanels>(i, sm.v[0], tm_v, n * Bc, w.bh_kv);
+    v_ring.load<typename Tr::KVTile>(i, sm.v[0], tm_v, n * Bc, w.bh_kv);
   }
 }
 
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // ---- the consumer warpgroups: 7a's loop, without the refill ------------------------------------------
   setmaxnreg_inc<Tr::kConsumerRegs>();
   const int warp = threadIdx.x / 32 - 4;  // among the consumer warps: owns tile rows 16 warp .. + 15
-  const uint32_t q_rows = ptx::smem_u32(sm.q) + (wg - 1) * 64 * 128;
+  const uint32_t q_rows = ptx::smem_u32(sm.q) + Tr::QTile::offset(64 * (wg - 1), 0);
   ptx::mbar_wait(&sm.q_full, 0);
   float o[kOTiles][4] = {};
   step4::RowSoftmax<kSTiles, kOTiles> softmax;

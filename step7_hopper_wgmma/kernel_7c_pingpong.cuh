@@ -82,7 +82,7 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
   const int warp = 4 * cw + threadIdx.x / 32 % 4;  // among the consumer warps: owns tile rows 16 warp .. + 15
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const uint32_t q_rows = ptx::smem_u32(at.q) + cw * 64 * 128;
+  const uint32_t q_rows = ptx::smem_u32(at.q) + Tr::QTile::offset(64 * cw, 0);
   const int row_g = w.m0 + 16 * warp + g;
   const int N = w.n_tiles, i0 = at.it0;  // K/V tile n is the ring's use i0 + n
   ptx::mbar_wait(at.q_full, at.q_parity);

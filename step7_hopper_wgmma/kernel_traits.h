@@ -59,7 +59,9 @@ struct HopperTraits {
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   static constexpr bool kProducerWarpgroup = kDesign != Design::kWgmma;
   static constexpr int kThreads = 128 * (kConsumerWarpgroups + (kProducerWarpgroup ? 1 : 0));
-  static constexpr int kPanels = D / 64;  // a [rows, D] tile is kPanels [rows, 64] panels of 128-byte rows
+  using QTile = step4::PanelTile<Br, D>;   // the Q tile, later the O staging tile (step 4's panel_tile.h)
+  using KVTile = step4::PanelTile<Bc, D>;  // one K (or V) tile
+  static constexpr int kPanels = QTile::kPanels;  // a [rows, D] tile is kPanels [rows, 64] panels of 128-byte rows
   // Blocks per SM: one (of two or three consumer warpgroups), or two of one consumer warpgroup each (Br = 64):
   // then the two blocks' warpgroups share the tensor cores as 7c's two share them, without turns, and one
   // block's start and end run beside the other's products.
@@ -92,8 +94,7 @@ struct HopperTraits {
   static_assert(Bc / 2 + D / 2 + Bc / 4 + 32 <= kConsumerRegs,
                 "fragments and addresses must fit a consumer thread's registers (three blocks per SM: 64-key tiles)");
 
-  static constexpr size_t kQBytes = size_t(kPanels) * Br * 128;   // Q tile, later the O staging tile
-  static constexpr size_t kKVBytes = size_t(kPanels) * Bc * 128;  // one K (or V) tile
+  static constexpr size_t kQBytes = QTile::kBytes, kKVBytes = KVTile::kBytes;
   static std::string name() { return tiles_name(kTiles); }
 };
 

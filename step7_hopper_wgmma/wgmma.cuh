@@ -31,6 +31,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "step4_fused_pipelined/panel_tile.h"
+
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "step 7 uses wgmma and setmaxnreg: compile it for sm_90a (-gencode arch=compute_90a,code=sm_90a)"
 #endif
@@ -176,20 +178,22 @@ struct Wgmma {
 // Issues D / 16 wgmmas; the caller commits and waits.
 template <typename T, int Rows, int Bc, int D>
 __device__ __forceinline__ void warpgroup_qk(float (&s)[Bc / 8][4], uint32_t q_rows, uint32_t k_base) {
+  using QPanels = step4::PanelLayout<Rows>;  // step 4's panel_tile.h
+  using KPanels = step4::PanelLayout<Bc>;
   const uint64_t a0 = desc_sw128(q_rows, 16, 1024), b0 = desc_sw128(k_base, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t panel = kk / 4, col = (kk % 4) * 32;  // 64 columns per panel, 32 bytes per k16 step
-    Wgmma<T, Bc>::ss(s, desc_advance(a0, panel * Rows * 128 + col), desc_advance(b0, panel * Bc * 128 + col), kk > 0);
+    Wgmma<T, Bc>::ss(s, desc_advance(a0, QPanels::panel(panel) + col), desc_advance(b0, KPanels::panel(panel) + col), kk > 0);
   }
 }
 // O [64, D] += P V: P as A fragments in registers (pa, every k16 step of the Bc keys), V [Bc, D] at v_base,
 // MN-major. Issues Bc / 16 wgmmas; the caller commits and waits.
 template <typename T, int Bc, int D>
 __device__ __forceinline__ void warpgroup_pv(float (&o)[D / 8][4], const uint32_t (&pa)[Bc / 16][4], uint32_t v_base) {
-  const uint64_t b0 = desc_sw128(v_base, Bc * 128, 1024);
+  const uint64_t b0 = desc_sw128(v_base, step4::PanelLayout<Bc>::kPanelBytes, 1024);  // next panel: Bc rows on
 #pragma unroll
-  for (int kk = 0; kk < Bc / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], desc_advance(b0, kk * 2048));
+  for (int kk = 0; kk < Bc / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], desc_advance(b0, step4::PanelLayout<Bc>::offset(16 * kk, 0)));
 }
 
 }  // namespace fa::step7

@@ -51,6 +51,11 @@ std::vector<ModCase> cases() {
       {"window_input_pos",    {1, 4, 4,  100, 300, 64, false, 50, bf, 0.0f},       0, 0, false, false, 0.0f, 25, 10},
       {"window_neg_pos",      {1, 4, 2,  200, 130, 64, true,  -20, bf, 0.0f},      0, 0, false, false, 0.0f, 60, -1},
       {"softcap_dropout",     {B, 4, 2,  200, 200, 64, true,  N, bf, 0.15f},       0, 0, false, false, 2.0f, -1, -1},
+      // scores N(~0.8, 1.1) against a cap of 0.25: most far beyond it, where tanh saturates (its derivative
+      // is then tiny, and only a form that keeps its digits there passes: core/score_mod.h, softcap_grad_pre)
+      {"softcap_saturated",   {B, 4, 2,  200, 200, 64, false, N, bf, 0.0f},        0, 0, false, false, 0.25f, -1, -1},
+      {"softcap_sat_dropout", {B, 4, 2,  190, 230, 64, true,  N, bf, 0.15f},       0, 0, false, false, 0.25f, -1, -1},
+      {"softcap_sat_bias",    {B, 4, 2,  170, 170, 64, true,  N, bf, 0.0f},        B, 4, false, false, 0.5f, -1, -1},
       {"bias_causal_window",  {B, 4, 2,  250, 250, 64, true,  N, bf, 0.0f},        B, 1, false, false, 0.0f, 64, -1},
       {"all",                 {B, 4, 2,  180, 210, 64, true,  N, bf, 0.1f},        1, 4, true,  false, 5.0f, 50, -1},
       {"bias_full_window",    {B, 4, 2,  230, 260, 64, true,  N, bf, 0.0f},        B, 4, false, false, 0.0f, 40, -1},

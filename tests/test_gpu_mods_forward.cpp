@@ -37,7 +37,8 @@ std::string mods_name(const ModCase& m) {
   if (!m.c.causal && m.c.input_pos != kDefaultPos) n += "_pos" + std::to_string(m.c.input_pos);
   if (*m.bias) n += std::string("_bias") + m.bias;
   if (m.alibi) n += m.alibi == 1 ? "_alibi" : "_alibigiven";
-  if (m.softcap > 0) n += "_softcap" + std::to_string(int(m.softcap));
+  if (m.softcap >= 1) n += "_softcap" + std::to_string(int(m.softcap));
+  else if (m.softcap > 0) n += "_softcap0p" + std::to_string(int(m.softcap * 100));  // 0.25: "0p25"
   if (m.wl >= 0 || m.wr >= 0) n += "_win" + std::to_string(m.wl) + "_" + std::to_string(m.wr);
   if (m.splits > 0) n += "_splits" + std::to_string(m.splits);
   std::replace(n.begin(), n.end(), '-', 'm');
@@ -109,6 +110,9 @@ std::vector<ModCase> cases() {
       {{1, 4, 4, 300, 300, 128, true, def, fp, kNoDrop}, "", 0, 5.0f, -1, -1, 0},
       {{2, 4, 2, 200, 200, 128, false, def, bf, 0.15f}, "", 0, 30.0f, -1, -1, 0},
       {{1, 4, 1, 257, 257, 64, true, def, fp, 0.1f}, "", 0, 5.0f, -1, -1, 0},
+      // softcap 0.25: scores N(~0.8, 1.1), most of them far beyond the cap, where tanh saturates
+      {{2, 4, 2, 200, 200, 64, false, def, fp, kNoDrop}, "", 0, 0.25f, -1, -1, 0},
+      {{1, 4, 2, 190, 230, 128, true, def, bf, 0.1f}, "", 0, 0.25f, -1, -1, 0},
       // windows, non-causal
       {{2, 4, 2, 300, 300, 64, false, def, bf, kNoDrop}, "", 0, 0.0f, 64, 32, 0},
       {{1, 4, 4, 1000, 1000, 128, false, def, fp, kNoDrop}, "", 0, 0.0f, 100, 0, 0},
