@@ -1,7 +1,7 @@
 // FlashAttention, step by step — core/stage.h
 // The contract between a stage and the harness: the inputs and outputs of one run, the Runner a stage
-// makes, the Stage record the harness reads, the Platform a GPU stage runs on, and the Oracle that
-// --check compares with. The harness (harness/) knows stages only through these types; each stage's
+// makes, the Stage record the harness reads (with Supports: what the stage declares it runs), the Platform
+// a GPU stage runs on, and the Oracle that --check compares with. The harness (harness/) knows stages only through these types; each stage's
 // main() hands its own Stage to it, and only the registry (harness/registry.h) lists them all.
 //
 // A stage turns a Problem and its float32 inputs (already rounded to the dtype) into a Runner:
@@ -10,6 +10,8 @@
 //   run_backward()= the backward pass (stages with a backward; called after run(), timed on its own)
 //   outputs()     = waits for the work and returns float32 outputs: O, LSE, and dQ, dK, dV for a backward
 #pragma once
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -60,6 +62,21 @@ class Platform {
   virtual double time_ms(const std::function<void()>& work, bool cold_l2) const = 0;
 };
 
+// What a stage declares it runs, as data: the storage types and head dims it compiles, and which of its
+// variants (and tuning configurations, by name) take dropout, the score modifiers, --splits and a backward.
+// The test grids (tests/gpu_grid.h) list a (variant, case) only where the declaration says yes, so a case a
+// stage cannot run is never listed, and a listed case it refuses is a failure, not a skip. unsupported()
+// stays what a run asks; a host-side test checks on every grid case that the two agree (declares(), below).
+// Not declared: limits of size (grid dimensions, 2^30 keys) and a scale <= 0, which no grid reaches.
+struct Supports {
+  std::vector<DType> dtypes = {DType::fp32, DType::fp16, DType::bf16};
+  std::vector<int64_t> head_dims;  // empty: any head dim
+  bool dropout = true;             // in every variant, forward and backward
+  // Variants and configurations, by name ("*": every one), that take the score modifiers, --splits and
+  // --backward; each also needs the stage's flag (has_score_mods, has_splits, has_backward).
+  std::vector<std::string> score_mods = {"*"}, splits = {"*"}, backward = {"*"};
+};
+
 struct Stage {
   std::string name;         // the folder and executable name, e.g. "step3_naive_kernel"
   std::string title;        // one line for tables
@@ -94,6 +111,7 @@ struct Stage {
   std::function<std::string(const Problem& p, const std::string& variant, int cc_major)> config_of;
   // "" when the stage can run `p`, otherwise the reason (e.g. "head dim 96 is not supported").
   std::function<std::string(const Problem& p, const std::string& variant)> unsupported;
+  Supports supports;  // what unsupported() accepts, as data: the test grids list their cases from it
   std::function<std::unique_ptr<Runner>(const Problem& p, const Inputs& in, const std::string& variant)> make;
   // Bytes of host memory a run of `variant` on p allocates: its working buffers and its outputs. The CPU
   // stages set it, so that the harness refuses a problem that does not fit before allocating anything;
@@ -102,6 +120,24 @@ struct Stage {
 
   bool gpu() const { return platform != nullptr; }
 };
+
+// Does stage s declare that `variant` runs p (Supports)? The flags come first: a feature the stage does
+// not take at all (has_backward, has_splits, has_score_mods) is refused by the command line before the
+// stage is asked.
+inline bool declares(const Stage& s, const Problem& p, const std::string& variant) {
+  const Supports& d = s.supports;
+  auto named = [&](const std::vector<std::string>& names) {
+    return std::find(names.begin(), names.end(), "*") != names.end() ||
+           std::find(names.begin(), names.end(), variant) != names.end();
+  };
+  if (std::find(d.dtypes.begin(), d.dtypes.end(), p.dtype) == d.dtypes.end()) return false;
+  if (!d.head_dims.empty() && std::find(d.head_dims.begin(), d.head_dims.end(), p.d) == d.head_dims.end()) return false;
+  if (p.dropout > 0 && !d.dropout) return false;
+  if (p.backward && !(s.has_backward && named(d.backward))) return false;
+  if (p.splits > 0 && !(s.has_splits && named(d.splits))) return false;
+  if (p.has_score_mods() && !(s.has_score_mods && named(d.score_mods))) return false;
+  return true;
+}
 
 // What --check compares a stage with (step 1 provides it): attention in fp64, and the naive computation
 // in the problem's own precision, rounded as an eager framework would (the baseline of the tolerance rule).

@@ -30,6 +30,15 @@ std::vector<std::string> config_names(ConfigList<Cfg...>) {
   return {Cfg::name()...};
 }
 
+// The names of the list's configurations compiled with the score modifiers (their traits' kHasMods): what
+// a stage declares takes them (core/stage.h, Supports::score_mods).
+template <class... Cfg>
+std::vector<std::string> config_names_with_mods(ConfigList<Cfg...>) {
+  std::vector<std::string> names;
+  ((Cfg::kHasMods ? names.push_back(Cfg::name()) : void()), ...);
+  return names;
+}
+
 // Calls f(std::type_identity<Cfg>{}) for the configuration of the list named `name`; false if none is.
 template <class F, class... Cfg>
 bool with_config_named(const std::string& name, ConfigList<Cfg...>, F&& f) {

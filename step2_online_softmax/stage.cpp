@@ -166,6 +166,7 @@ Stage stage(const Config& cfg) {
   s.has_backward = true;
   s.has_score_mods = true;  // every variant: the scores of all five come from tiles.h's scores()
   s.variants = {"3pass", "2pass", "online", "fa1", "fa2"};
+  s.supports.backward = {"fa1", "fa2"};  // the backward's two loop orders (below); any dtype, head dim, modifier
   s.unsupported = [](const Problem& p, const std::string& v) {
     Order order;
     if (!p.backward || backward_order(v, order)) return std::string();

@@ -33,6 +33,7 @@ Stage stage() {
   s.title = "naive CUDA kernel: one warp per row, K/V through registers, fp32 CUDA cores";
   s.platform = &cuda_platform();
   s.has_score_mods = true;  // --bias, --alibi, --softcap, --window: naive_forward<T, D, /*kMods=*/true>
+  s.supports.head_dims = {64, 128};  // every storage type (fp32 too: CUDA cores), dropout and the modifiers
   s.unsupported = [](const Problem& p, const std::string&) {
     if (p.Nq > 65535 * kWarpsPerBlock || p.Hq > 65535 || p.B > 65535) return std::string("grid too large");
     return head_dim_unsupported(p.d);

@@ -48,9 +48,7 @@ __device__ __forceinline__ void merge_row(const float* o_part, const float* lse_
     else return *at;
   };
   auto o_of = [&](int s) { return reinterpret_cast<const float2*>(o_part + (int64_t(s) * rows + row) * D + col0); };
-  auto split_state = [&](float lse_s) {  // (LSE_s, 1), or the empty state of a split that saw no key
-    return SoftmaxState{lse_s, lse_s == -INFINITY ? 0.0f : 1.0f};
-  };
+  auto split_state = [&](float lse_s) { return partial_state(lse_s); };  // (LSE_s, 1), or empty (core/online_softmax.h)
 
   // 0. Every load the merge of the first kEarly splits needs, issued together: lane k's LSE of split k, and
   //    the lane's columns of O of splits 0 .. kEarly-1 (their addresses do not wait for the weights). A decode

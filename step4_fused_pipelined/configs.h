@@ -11,6 +11,7 @@
 #include "gpu/config_list.h"
 #include "gpu/gpu_types.h"
 #include "step4_fused_pipelined/kernel_traits.h"
+#include "step4_fused_pipelined/splits.h"  // how many splits 4e runs a decode with
 
 namespace fa::step4 {
 
@@ -64,43 +65,5 @@ struct Configs {
                          Fwd<substep(k128, Substep::k4a)>, Fwd<substep(k128, Substep::k4b)>,           //
                          Fwd<substep(k128, Substep::k4c)>>;
 };
-
-// The split counts 4e runs a decode with, for a head whose keys fill `kv_tiles` K/V tiles: round counts up
-// to 128 and up to one tile per split, skipping those that give each split as many tiles as the count before
-// (more blocks, the same work each). choose_splits (below) picks one; step 6 times every one.
-inline std::vector<int> split_counts(int64_t kv_tiles) {
-  std::vector<int> counts;
-  int64_t last = 0;  // tiles per split of the last count taken
-  for (int n : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128})
-    if (n <= std::max<int64_t>(kv_tiles, 1) && (kv_tiles + n - 1) / n != last)
-      counts.push_back(n), last = (kv_tiles + n - 1) / n;
-  return counts;
-}
-
-// A split keeps at least this many keys: fewer leave its block too little work for its fixed costs (set-up,
-// the first loads' latency, the merge's read of its result). Every count, measured: docs/results/step4.md.
-constexpr int64_t kMinSplitKeys = 128;
-
-// The number of splits, after FlashAttention's heuristic: none when the blocks already fill the GPU, counted
-// as two blocks per SM; otherwise the fewest of split_counts (above) whose waves of blocks fill those
-// slots to within 85 % of the best, among the counts that leave each split at least kMinSplitKeys keys
-// (`kv_tiles` tiles of `tile_keys` keys). Measured against every count on the H100, this rule is within a few
-// percent of the best count (docs/results/step4.md).
-inline int choose_splits(int64_t blocks, int64_t kv_tiles, int64_t tile_keys, int sms) {
-  const int64_t slots = 2 * int64_t(sms);
-  if (blocks >= 0.8 * double(slots)) return 1;
-  auto efficiency = [&](int s) {
-    const int64_t waves = (blocks * s + slots - 1) / slots;
-    return double(blocks * s) / double(waves * slots);
-  };
-  std::vector<int> counts;
-  for (int s : split_counts(kv_tiles))
-    if (s == 1 || s * kMinSplitKeys <= kv_tiles * tile_keys) counts.push_back(s);
-  double best = 0;
-  for (int s : counts) best = std::max(best, efficiency(s));
-  for (int s : counts)
-    if (efficiency(s) >= 0.85 * best) return s;
-  return 1;
-}
 
 }  // namespace fa::step4

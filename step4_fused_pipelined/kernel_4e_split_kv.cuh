@@ -84,20 +84,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const QueryTileWork w(sp.view, Br, Bc);  // which tile of the view (scheduler.cuh); its n_tiles is not used
   auto pos = [&](int r) { return kPacked ? r % p.Nq : r; };  // the query row (position - input_pos) of tile row r
   // The K/V tiles the tile's rows see (causal: up to the latest row's diagonal), and this split's share.
+  // With a window (kMods), from the earliest row's left edge to the latest row's right edge (core/tile_range.h).
   const int last_row = min(w.m0 + Br, sp.view.Nq) - 1;
   const bool spans_heads = kPacked && last_row / p.Nq != w.m0 / p.Nq;  // the tile's positions wrap around
   const int last_i = spans_heads ? p.Nq - 1 : pos(last_row);
-  const int64_t last_key = p.causal ? min(int64_t(p.Nk) - 1, p.input_pos + last_i) : int64_t(p.Nk) - 1;
-  int n_first = 0, n_all = last_key < 0 ? 0 : int(last_key / Bc) + 1;
-  if constexpr (kMods != 0) {  // a window: from the earliest row's left edge to the latest row's right edge
-    int64_t lo, hi, lo_last, hi_last;
-    visible_range(mods.m, p.Nk, spans_heads ? 0 : pos(w.m0), &lo, &hi);
-    visible_range(mods.m, p.Nk, last_i, &lo_last, &hi_last);
-    n_first = int(lo / Bc);
-    n_all = hi_last < lo ? n_first : int(hi_last / Bc) + 1;
-  }
-  const int n_begin = n_first + blockIdx.y * sp.tiles_per_split;  // this split's first K/V tile
-  const int n_tiles = max(0, min(n_all, n_begin + sp.tiles_per_split) - n_begin);
+  const TileRange all = key_tiles(p.causal, p.input_pos, p.Nk, spans_heads ? 0 : pos(w.m0), last_i, Bc,
+                                  kMods != 0 ? &mods.m : nullptr);
+  const TileRange share = split_share(all, blockIdx.y, sp.tiles_per_split);
+  const int n_begin = share.begin;   // this split's first K/V tile
+  const int n_tiles = share.count();
 
   // One thread issues every TMA copy: K (or V) tile n_begin + n into its ring's slot n.
   auto load_k = [&](int n) { k_ring.load<typename Tr::KVTile>(n, sm.k[0], &tm_k, (n_begin + n) * Bc, w.bh_kv); };

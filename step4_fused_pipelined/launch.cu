@@ -98,6 +98,20 @@ Stage stage() {
       return "the block-order ablation of step 4's chapter";
     return "";
   };
+  // What it runs (core/stage.h, Supports): bf16 and fp16 (tensor cores), d 64 and 128, dropout everywhere;
+  // the modifiers in the variants that resolve to 4d's and 4e's kernels and the configurations compiled with
+  // them (kHasMods); --splits where the variant runs 4e.
+  s.supports.dtypes = {DType::bf16, DType::fp16};
+  s.supports.head_dims = {64, 128};
+  s.supports.score_mods = {"auto", "sm90", "sm120", "4d-tma", "4e-split-kv"};
+  for (const auto& names : {config_names_with_mods(Configs<__nv_bfloat16, 64>::All{}),
+                            config_names_with_mods(Configs<__nv_bfloat16, 128>::All{})})
+    for (const std::string& n : names)
+      if (std::find(s.supports.score_mods.begin(), s.supports.score_mods.end(), n) == s.supports.score_mods.end())
+        s.supports.score_mods.push_back(n);
+  s.supports.splits = {"auto", "4e-split-kv"};
+  for (const std::string& n : s.tuning_variants)
+    if (n.rfind("4e-", 0) == 0) s.supports.splits.push_back(n);
   s.config_of = config_of;
   // Step 6 times a decode in each 4e configuration with every split count of configs.h too, beside
   // choose_splits' own choice.

@@ -54,15 +54,8 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
   int sms = 0, dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  int kv_tiles = int((p.Nk + Tr::Bc - 1) / Tr::Bc);
-  if (p.window_left >= 0 && (p.window_right >= 0 || p.causal)) {
-    // A window bounded on both sides: a tile's rows (at most max(Br, Nq) positions, packed ones wrap)
-    // see a band of at most span + left + right keys, which touches at most ceil(band / Bc) + 1 tiles.
-    // Never fewer than the kernel walks: the splits must cover every visible tile.
-    const int64_t right = p.causal ? 0 : p.window_right;  // causal: no key right of the diagonal
-    const int64_t band = std::max<int64_t>(Tr::Br, p.Nq) + p.window_left + right;
-    kv_tiles = int(std::min<int64_t>(kv_tiles, (band + Tr::Bc - 1) / Tr::Bc + 1));
-  }
+  // All of K, or a window's band (splits.h): never fewer than a tile walks, so the splits cover every visible tile.
+  const int kv_tiles = split_kv_tiles(p.Nq, p.Nk, p.causal, p.window_left, p.window_right, Tr::Br, Tr::Bc);
   const int splits = p.splits > 0 ? int(p.splits) : choose_splits(blocks, kv_tiles, Tr::Bc, sms);
   sp.tiles_per_split = (kv_tiles + splits - 1) / splits;  // the last splits may get none: they write the identity
   sp.rows_total = p.B * p.Hq * p.Nq;

@@ -8,10 +8,12 @@
 // same schedule. The ablation TileOrder::kHeadFast makes the head the fast index instead: the blocks in
 // flight then read as many different heads' K/V as there are blocks (docs/results/step4.md, row 14).
 // With a sliding window (kernels compiled with score modifiers, score_mod.cuh), a block visits only the K/V
-// tiles some row of it sees, from the first row's left edge to the last row's right edge: n_begin > 0.
+// tiles some row of it sees, from the first row's left edge to the last row's right edge: n_begin > 0. The
+// arithmetic is core/tile_range.h's key_tiles, which the host tests check against brute force.
 #pragma once
 #include <cstdint>
 
+#include "core/tile_range.h"
 #include "gpu/gpu_runner.h"
 #include "step4_fused_pipelined/kernel_traits.h"
 
@@ -41,16 +43,10 @@ struct QueryTileWork {
     b = bh / p.Hq;
     bh_kv = b * p.Hkv + h / p.group;
     m0 = m_block * Br;
-    const int64_t last_row = min(m0 + Br, p.Nq) - 1;
-    const int64_t last_key = p.causal ? min(int64_t(p.Nk) - 1, p.input_pos + last_row) : int64_t(p.Nk) - 1;
-    n_tiles = last_key < 0 ? 0 : int(last_key / Bc) + 1;
-    if (window) {  // core/score_mod.h: the band of keys row i sees moves right as i grows
-      int64_t lo_first, hi_first, lo_last, hi_last;
-      visible_range(*window, p.Nk, m0, &lo_first, &hi_first);
-      visible_range(*window, p.Nk, last_row, &lo_last, &hi_last);
-      n_begin = int(lo_first / Bc);
-      n_tiles = hi_last < lo_first ? 0 : int(hi_last / Bc) + 1 - n_begin;
-    }
+    // The K/V tiles rows m0 .. last see (core/tile_range.h: causal, and with `window` the sliding window).
+    const TileRange keys = key_tiles(p.causal, p.input_pos, p.Nk, m0, min(m0 + Br, p.Nq) - 1, Bc, window);
+    n_begin = keys.begin;
+    n_tiles = keys.count();
   }
 };
 

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "core/tile_range.h"
 #include "gpu/gpu_runner.h"
 #include "gpu/ptx.h"
 #include "step4_fused_pipelined/fragments.cuh"
@@ -194,23 +195,11 @@ struct KeyBlockWork {
     hkv = bh_kv % p.Hkv;
     b = bh_kv / p.Hkv;
     k0 = (blockIdx.x % num_n) * Bc;
-    const int num_m = (p.Nq + Bq - 1) / Bq;
-    m_first = 0;
-    if (p.causal) {
-      const int64_t first_row = max(int64_t(0), int64_t(k0) - p.input_pos);
-      m_first = first_row >= p.Nq ? num_m : int(first_row / Bq);
-    }
-    per_head = num_m - m_first;
-    if (window) {
-      // The rows that see a key of [k0, k_last] (Band): from the first whose right edge reaches k0 to the
-      // last whose left edge is at most k_last.
-      const Band band(*window);
-      const int64_t k_last = min(k0 + Bc, p.Nk) - 1;
-      const int64_t first = band.right < 0 ? 0 : max(int64_t(0), k0 - band.right - window->input_pos);
-      const int64_t last = band.left < 0 ? p.Nq - 1 : min(int64_t(p.Nq) - 1, k_last + band.left - window->input_pos);
-      m_first = first > last ? 0 : int(first / Bq);
-      per_head = first > last ? 0 : int(last / Bq) + 1 - m_first;
-    }
+    // The query tiles whose rows see a key of [k0, k0 + Bc) (core/tile_range.h: causal, and with `window`
+    // the sliding window, the Band's arithmetic).
+    const TileRange rows = query_tiles(p.causal, p.input_pos, p.Nq, p.Nk, k0, Bc, Bq, window);
+    m_first = rows.begin;
+    per_head = rows.count();
     n_iter = per_head * group;
     if (rotate && n_iter > 0) rot = (blockIdx.x % num_n) % n_iter;
   }

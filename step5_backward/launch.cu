@@ -188,6 +188,17 @@ Stage stage() {
     return shape;
   };
   s.has_score_mods = true;  // in the deterministic configurations and the atomic variant's defaults (configs.h)
+  // What it runs (core/stage.h, Supports): as step 4, bf16 and fp16, d 64 and 128, dropout; the modifiers in
+  // every variant and the configurations compiled with them (kHasMods). A "<variant>/fwd=<forward>" (step 6's
+  // and 7's) is not declared: it is no variant of its own.
+  s.supports.dtypes = {DType::bf16, DType::fp16};
+  s.supports.head_dims = {64, 128};
+  s.supports.score_mods = s.variants;
+  for (const auto& names : {config_names_with_mods(Configs<__nv_bfloat16, 64>::All{}),
+                            config_names_with_mods(Configs<__nv_bfloat16, 128>::All{})})
+    for (const std::string& n : names)
+      if (std::find(s.supports.score_mods.begin(), s.supports.score_mods.end(), n) == s.supports.score_mods.end())
+        s.supports.score_mods.push_back(n);
   s.unsupported = [](const Problem& p, const std::string& v) {
     if (std::string why = step4::unsupported(p); !why.empty()) return why;  // its kernels' limits are step 4's
     if (!p.has_score_mods()) return std::string();

@@ -301,6 +301,10 @@ Stage stage(const std::string& cache_file) {
   // configuration test).
   s.forward_from = fwd.name;
   s.backward_from = bwd.name;
+  // What it runs: what the defaults of steps 4 and 5 run (core/stage.h, Supports). No --splits (has_splits
+  // is false: the tuner picks a decode's split count).
+  s.supports.dtypes = {DType::bf16, DType::fp16};
+  s.supports.head_dims = {64, 128};
   s.unsupported = [fwd, bwd](const Problem& p, const std::string&) {
     std::string why = fwd.unsupported(p, fwd.variants[0]);
     if (why.empty() && p.backward) why = bwd.unsupported(p, bwd.variants[0]);

@@ -98,6 +98,12 @@ Stage stage() {
       if (config.rfind(lesson, 0) == 0) return "a sub-step of step 7's chapter, slower than 7c and 7d by design";
     return "";
   };
+  // What it runs (core/stage.h, Supports): bf16 and fp16, d 64 and 128, no dropout and no score modifiers
+  // (has_score_mods stays false); the backward (step 5's) in every variant.
+  s.supports.dtypes = {DType::bf16, DType::fp16};
+  s.supports.head_dims = {64, 128};
+  s.supports.dropout = false;
+  s.supports.score_mods = {};
   s.config_of = config_of;
   s.launch_shape = [](const Problem& p, const std::string& v) {
     Stage::LaunchShape shape;

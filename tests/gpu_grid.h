@@ -1,5 +1,6 @@
 // FlashAttention, step by step — what the GPU test grids share (tests/gpu_grid.h): the case description,
-// its readable name, the problem it makes, the list of "stage:variant" to run, and the verdict check.
+// its readable name, the problem it makes, the list of "stage:variant" to run (the cases each stage declares
+// it runs: core/stage.h, Supports), the one reason to skip (no GPU for the stage), and the verdict check.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -73,7 +75,8 @@ inline int grid_cc_major() {
 }
 
 // ("stage:variant", case) for every GPU stage that owns the kernels of `pass` (not those that borrow another
-// stage's, like step 5's forward or step 6's), every variant of it and every case, less the pairs whose
+// stage's, like step 5's forward or step 6's), every variant of it and every case the stage declares it runs
+// (core/stage.h, Supports: step 7 lists no dropout case, steps 4 to 7 no fp32 one), less the pairs whose
 // variant runs the same configuration as an earlier variant of the stage on that case (step 4's "auto" is
 // "sm90" on an H100; at d = 64 "sm120" is too).
 inline std::vector<std::tuple<std::string, Case>> grid_entries(Pass pass, const std::vector<Case>& cases,
@@ -86,11 +89,12 @@ inline std::vector<std::tuple<std::string, Case>> grid_entries(Pass pass, const 
     if (pass == Pass::backward && (!s.has_backward || !s.backward_from.empty())) continue;
     const std::vector<std::string> variants = s.variants.empty() ? std::vector<std::string>{""} : s.variants;
     for (const Case& c : cases) {
+      const Problem p = to_problem(c, pass == Pass::backward);
       std::vector<std::string> seen;
       for (const std::string& v : variants) {
-        if (!keep_variant(v)) continue;
+        if (!keep_variant(v) || !declares(s, p, v)) continue;
         if (s.config_of) {
-          const std::string config = s.config_of(to_problem(c, pass == Pass::backward), v, cc);
+          const std::string config = s.config_of(p, v, cc);
           if (std::find(seen.begin(), seen.end(), config) != seen.end()) continue;
           seen.push_back(config);
         }
@@ -115,17 +119,52 @@ inline std::vector<std::string> stage_variants(const std::function<bool(const St
   return v;
 }
 
-// The stage and variant of "stage:variant", or the reason to skip ("" when the case can run). The stage's
-// own platform says whether it can run here: step 7 needs a Hopper GPU where steps 3 to 6 run on either.
-inline std::string resolve(const std::string& stage_variant, const Problem& p, const Stage*& s, std::string& variant) {
+// The stage and variant of "stage:variant", and why this machine cannot run the stage ("" when it can): no
+// GPU, or (step 7) one that is not a Hopper. That is the one reason a grid case skips. The cases are listed
+// from what the stage declares it runs, so its refusal of one (refusal(), below) is a failure:
+//   if (const std::string why = resolve(stage_variant, s, variant); !why.empty()) GTEST_SKIP() << why;
+//   ASSERT_EQ(refusal(*s, p, variant), "");
+inline std::string resolve(const std::string& stage_variant, const Stage*& s, std::string& variant) {
   const size_t colon = stage_variant.find(':');
   s = &find_stage(stage_variant.substr(0, colon));
   variant = colon == std::string::npos ? "" : stage_variant.substr(colon + 1);
-  if (s->gpu())
-    if (std::string why = s->platform->unavailable_reason(); !why.empty()) return why;
-  if (std::string why = s->unsupported(p, variant); !why.empty())
-    return stage_variant + " does not support this case: " + why;
+  return s->gpu() ? s->platform->unavailable_reason() : "";
+}
+
+// Why the stage refuses p in `variant` although it declares it ("" when it runs it, as it should), or why
+// it is not declared at all (a test that lists an undeclared case by mistake).
+inline std::string refusal(const Stage& s, const Problem& p, const std::string& variant) {
+  const std::string sv = variant.empty() ? s.name : s.name + ":" + variant;
+  if (!declares(s, p, variant)) return sv + " does not declare this case (core/stage.h, Supports)";
+  if (std::string why = s.unsupported(p, variant); !why.empty())
+    return sv + " declares this case but refuses it: " + why;
   return "";
+}
+
+// The declaration and the refusals agree on p for every variant (and every tuning configuration compiled for
+// p's head dim) of every GPU stage that `keep` accepts: declared iff unsupported() returns "". Host-side, no
+// GPU: run in CI, it is what makes a wrong refusal fail where no grid runs. What the command line refuses
+// before asking the stage (--splits or --backward on a stage without them) is left out.
+inline void expect_declarations_agree(const Problem& p, const std::function<bool(const Stage&)>& keep) {
+  for (const Stage& s : stages()) {
+    if (!s.gpu() || !keep(s)) continue;
+    if ((p.splits > 0 && !s.has_splits) || (p.backward && !s.has_backward)) continue;
+    std::vector<std::string> names = s.variants.empty() ? std::vector<std::string>{""} : s.variants;
+    for (const std::string& config : s.tuning_variants) {
+      try {
+        s.launch_shape(p, config);  // throws for a configuration the head dim (or dtype) does not compile
+      } catch (const std::invalid_argument&) {
+        continue;
+      }
+      names.push_back(config);
+    }
+    for (const std::string& v : names) {
+      const std::string why = s.unsupported(p, v);
+      EXPECT_EQ(declares(s, p, v), why.empty())
+          << s.name << ":" << v << " on " << p.describe() << (why.empty() ? ": runs it but does not declare it"
+                                                                           : ": declares it but refuses it: " + why);
+    }
+  }
 }
 
 // Every output of the report passes the tolerance rule, and every element was written.

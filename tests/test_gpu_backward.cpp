@@ -4,7 +4,8 @@
 // poisoned with NaN, and checks O, LSE, dQ, dK and dV against step 1 in fp64 under the FlashAttention rule
 // (core/metrics.h): every element written, max error <= 2x that of naive attention in the same
 // precision (+ a tiny epsilon). A second test runs the backward twice and wants the same bits (no atomics).
-// Without a CUDA device every case is skipped with the reason (CI has no GPU).
+// A stage is listed on the cases it declares it runs (core/stage.h, Supports), so refusing one fails; a case
+// is skipped, with the reason, only where the stage cannot run at all (no CUDA device: CI has no GPU).
 #include <array>
 #include <cstring>
 
@@ -50,7 +51,8 @@ TEST_P(GpuBackward, MatchesReference) {
   const Problem p = to_problem(c, /*backward=*/true);
   const Stage* s = nullptr;
   std::string variant;
-  if (const std::string why = resolve(stage_variant, p, s, variant); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = resolve(stage_variant, s, variant); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_EQ(refusal(*s, p, variant), "");
 
   const Inputs in = random_inputs(p);
   auto runner = s->make(p, in, variant);
@@ -69,26 +71,62 @@ INSTANTIATE_TEST_SUITE_P(Grid, GpuBackward,
                          });
 
 // Two backward runs on the same forward give bitwise identical dQ, dK and dV: causal, GQA, dropout and
-// tails, where an atomic accumulation order would show.
+// tails, where an atomic accumulation order would show; at d = 64 and 128.
+Case determinism_case(int64_t d) { return {2, 8, 2, 300, 257, d, true, kDefaultPos, DType::bf16, 0.1f}; }
+
 class GpuBackwardDeterminism : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuBackwardDeterminism, TwoRunsSameBits) {
+  const Stage* s = nullptr;
+  std::string variant;
+  if (const std::string why = resolve(GetParam(), s, variant); !why.empty()) GTEST_SKIP() << why;
+  // Each head dim the variant declares, whatever happens to the other: a refusal fails that d alone.
+  int declared = 0;
   for (int64_t d : {64, 128}) {
-    const Problem p = to_problem({2, 8, 2, 300, 257, d, true, kDefaultPos, DType::bf16, 0.1f}, /*backward=*/true);
-    const Stage* s = nullptr;
-    std::string variant;
-    if (const std::string why = resolve(GetParam(), p, s, variant); !why.empty()) GTEST_SKIP() << why;
+    const Problem p = to_problem(determinism_case(d), /*backward=*/true);
+    if (!declares(*s, p, variant)) continue;
+    ++declared;
+    if (const std::string why = refusal(*s, p, variant); !why.empty()) {
+      ADD_FAILURE() << why;
+      continue;
+    }
     const Inputs in = random_inputs(p);
     auto runner = s->make(p, in, variant);
     expect_backward_repeats(*runner, 0, 3, d);  // dQ, dK, dV
   }
+  EXPECT_GT(declared, 0) << "listed, so it declares at least one head dim";
 }
 
-// Variants named "atomic" (FlashAttention 2's atomic dQ, summed in a varying order) are left out.
-INSTANTIATE_TEST_SUITE_P(Stages, GpuBackwardDeterminism,
-                         ::testing::ValuesIn(stage_variants([](const Stage& s) { return s.has_backward && s.backward_from.empty(); },
-                                                            [](const std::string& v) { return v.rfind("atomic", 0) != 0; })),
+// Variants named "atomic" (FlashAttention 2's atomic dQ, summed in a varying order) are left out, and so is a
+// variant that declares neither head dim of the case.
+bool declares_a_determinism_case(const std::string& stage_variant) {
+  const size_t colon = stage_variant.find(':');
+  const Stage& s = find_stage(stage_variant.substr(0, colon));
+  const std::string v = colon == std::string::npos ? "" : stage_variant.substr(colon + 1);
+  for (int64_t d : {64, 128})
+    if (declares(s, to_problem(determinism_case(d), /*backward=*/true), v)) return true;
+  return false;
+}
+
+std::vector<std::string> determinism_entries() {
+  std::vector<std::string> out;
+  for (const std::string& sv : stage_variants([](const Stage& s) { return s.has_backward && s.backward_from.empty(); },
+                                              [](const std::string& v) { return v.rfind("atomic", 0) != 0; }))
+    if (declares_a_determinism_case(sv)) out.push_back(sv);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, GpuBackwardDeterminism, ::testing::ValuesIn(determinism_entries()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return param_name(info.param); });
+
+// Host-side (no GPU: it runs in CI): on every case of this grid and of the determinism test, each GPU stage
+// declares exactly what its unsupported() accepts (those with backward kernels of their own are the grid's;
+// the others, which borrow them, are checked too).
+TEST(GridDeclarations, BackwardCasesAgreeWithRefusals) {
+  std::vector<Case> cs = grid();
+  for (int64_t d : {64, 128}) cs.push_back(determinism_case(d));
+  for (const Case& c : cs) expect_declarations_agree(to_problem(c, /*backward=*/true), [](const Stage&) { return true; });
+}
 
 }  // namespace
 }  // namespace fa::grid

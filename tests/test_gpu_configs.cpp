@@ -6,7 +6,8 @@
 // checked. Per head dim the cases cover tails, causal with an explicit input_pos (rows that see no key
 // included), Nq != Nk both ways, GQA and MQA, and each of bf16 / fp16 with and without dropout: every
 // kernel instance (dtype x dropout) of every configuration runs at least once. A backward configuration
-// checks O, LSE, dQ, dK and dV. Without a CUDA device every case is skipped with the reason.
+// checks O, LSE, dQ, dK and dV. A configuration is listed on the cases its stage declares it runs (a refusal
+// fails); without a CUDA device every case is skipped with the reason.
 #include <algorithm>
 
 #include "gpu_grid.h"
@@ -32,7 +33,8 @@ std::vector<Case> cases() {
 
 using Param = std::tuple<std::string, Case>;  // "stage:configuration", case
 
-// Every (stage, configuration, case) whose configuration is compiled for the case's head dim.
+// Every (stage, configuration, case) whose configuration is compiled for the case's head dim and which the
+// stage declares it runs (core/stage.h, Supports: step 7 no dropout).
 std::vector<Param> entries() {
   std::vector<Param> out;
   for (const Stage& s : stages()) {
@@ -45,7 +47,7 @@ std::vector<Param> entries() {
         } catch (const std::invalid_argument&) {
           continue;
         }
-        out.emplace_back(s.name + ":" + config, c);
+        if (declares(s, p, config)) out.emplace_back(s.name + ":" + config, c);
       }
   }
   return out;
@@ -60,7 +62,8 @@ TEST_P(GpuConfigs, MatchesReference) {
   const Problem p = to_problem(c, s.has_backward);
   const Stage* stage = nullptr;
   std::string config;
-  if (const std::string why = resolve(stage_config, p, stage, config); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = resolve(stage_config, stage, config); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_EQ(refusal(*stage, p, config), "");
 
   const Inputs in = random_inputs(p);
   auto runner = stage->make(p, in, config);
@@ -96,6 +99,13 @@ TEST(Step4Substeps, VariantsNameCompiledConfigurations) {
       std::sort(configs.begin(), configs.end());
       EXPECT_EQ(std::unique(configs.begin(), configs.end()), configs.end()) << "each sub-step its own kernel";
     }
+}
+
+// Host-side (no GPU: it runs in CI): on every case above, forward and backward, each GPU stage declares exactly
+// what its unsupported() accepts, in every variant and every configuration compiled for the head dim.
+TEST(GridDeclarations, ConfigCasesAgreeWithRefusals) {
+  for (const Case& c : cases())
+    for (bool backward : {false, true}) expect_declarations_agree(to_problem(c, backward), [](const Stage&) { return true; });
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GpuConfigs, ::testing::ValuesIn(entries()),

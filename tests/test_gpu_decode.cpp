@@ -6,7 +6,8 @@
 // more splits than K/V tiles, so some splits see no key), and also lets the heuristic choose (0), over
 // Nq in {1, 4, 16}, groups 1, 4, 8 and MQA, causal with input_pos (negative: rows that see nothing, and
 // splits past every row's diagonal), key tails, dropout (no packing) and fp16; O and LSE are checked under
-// the FlashAttention rule. Without a CUDA device every case is skipped with the reason.
+// the FlashAttention rule. Step 4 declares every case (a refusal fails); without a CUDA device every case is
+// skipped with the reason.
 #include "gpu/gpu_runner.h"
 #include "gpu_grid.h"
 
@@ -46,7 +47,8 @@ TEST_P(GpuDecode, MatchesReference) {
   p.validate();
   const Stage* s = nullptr;
   std::string variant;
-  if (const std::string why = resolve("step4_fused_pipelined:auto", p, s, variant); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = resolve("step4_fused_pipelined:auto", s, variant); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_EQ(refusal(*s, p, variant), "");
   EXPECT_EQ(s->config_of(p, variant, grid_cc_major()).rfind("4e-", 0), 0u) << "decode shapes run the split-KV kernel";
 
   const Inputs in = random_inputs(p);
@@ -59,6 +61,19 @@ TEST_P(GpuDecode, MatchesReference) {
   gpu->poison_outputs();
   runner->run();
   expect_pass(check_against_reference(p, in, runner->outputs()));
+}
+
+// Host-side (no GPU: it runs in CI): step 4 declares every case above in "auto" (the suite lists them all), and
+// on each, every GPU stage declares exactly what its unsupported() accepts.
+TEST(GridDeclarations, DecodeCasesAgreeWithRefusals) {
+  const Stage& s = find_stage("step4_fused_pipelined");
+  for (const DecodeCase& dc : cases()) {
+    Problem p = to_problem(dc.c, /*backward=*/false);
+    p.splits = dc.splits;
+    p.validate();
+    EXPECT_TRUE(declares(s, p, "auto")) << decode_name(dc);
+    expect_declarations_agree(p, [](const Stage&) { return true; });
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Step4, GpuDecode, ::testing::ValuesIn(cases()),

@@ -3,7 +3,8 @@
 // Each case draws fresh random inputs (offset from zero), runs the stage on outputs poisoned with NaN,
 // and checks O and LSE against step 1 in fp64 under the FlashAttention rule (core/metrics.h): every
 // element written, max error <= 2x that of naive attention in the same precision (+ a tiny epsilon).
-// Without a CUDA device every case is skipped with the reason (CI has no GPU).
+// A stage is listed on the cases it declares it runs (core/stage.h, Supports), so refusing one fails; a case
+// is skipped, with the reason, only where the stage cannot run at all (no CUDA device: CI has no GPU).
 #include <array>
 
 #include "gpu_grid.h"
@@ -50,7 +51,8 @@ TEST_P(GpuForward, MatchesReference) {
   const Problem p = to_problem(c, /*backward=*/false);
   const Stage* s = nullptr;
   std::string variant;
-  if (const std::string why = resolve(stage_variant, p, s, variant); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = resolve(stage_variant, s, variant); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_EQ(refusal(*s, p, variant), "");
 
   const Inputs in = random_inputs(p);
   auto runner = s->make(p, in, variant);
@@ -58,13 +60,20 @@ TEST_P(GpuForward, MatchesReference) {
   expect_pass(check_against_reference(p, in, runner->outputs()));
 }
 
-// Every GPU stage that owns forward kernels and every variant of it that runs a configuration of its own
-// (every configuration by name: test_gpu_configs.cpp).
+// Every GPU stage that owns forward kernels, every variant of it that runs a configuration of its own
+// (every configuration by name: test_gpu_configs.cpp), on the cases it declares it runs.
 INSTANTIATE_TEST_SUITE_P(Grid, GpuForward,
                          ::testing::ValuesIn(grid_entries(Pass::forward, grid(), [](const std::string&) { return true; })),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return param_name(std::get<0>(info.param) + "_" + case_name(std::get<1>(info.param)));
                          });
+
+// Host-side (no GPU: it runs in CI): on every case of this grid, each GPU stage declares exactly what its
+// unsupported() accepts, so the grid above lists every case a stage runs and none it refuses (the stages
+// that borrow another's forward kernels are checked too).
+TEST(GridDeclarations, ForwardCasesAgreeWithRefusals) {
+  for (const Case& c : grid()) expect_declarations_agree(to_problem(c, /*backward=*/false), [](const Stage&) { return true; });
+}
 
 }  // namespace
 }  // namespace fa::grid

@@ -8,8 +8,9 @@
 // are no multiple of the tiles. A run checks O, LSE, dQ, dK, dV and, with a bias, dBias under the
 // tolerance rule (core/metrics.h), every element written. A second test runs the backward twice and wants
 // the same bits: dQ, dK, dV and a broadcast bias's dBias from the deterministic variant, a full bias's
-// dBias from the atomic ones (they add a broadcast bias's dBias with atomics, as their dQ). Without a CUDA
-// device every case is skipped with the reason.
+// dBias from the atomic ones (they add a broadcast bias's dBias with atomics, as their dQ). A variant is
+// listed on the cases it declares (core/stage.h, Supports), so a refusal fails; without a CUDA device every
+// case is skipped with the reason.
 #include <cstring>
 #include <random>
 
@@ -76,9 +77,9 @@ std::vector<ModCase> cases() {
 // Readable test parameters in gtest's output.
 void PrintTo(const ModCase& c, std::ostream* os) { *os << c.name << " " << case_name(c.base); }
 
-// The problem and inputs of a case: random Q, K, V, dO as in the backward grid, a random bias (N(0, 1),
-// about one entry in 16 set to -inf: a mask given as a bias), given slopes where asked.
-Problem to_problem(const ModCase& c, Inputs& in) {
+// The problem of a case; with `in`, its inputs too: random Q, K, V, dO as in the backward grid, a random bias
+// (N(0, 1), about one entry in 16 set to -inf: a mask given as a bias), given slopes where asked.
+Problem to_problem(const ModCase& c) {
   Problem p = grid::to_problem(c.base, /*backward=*/true);
   p.bias = c.bias_b > 0;
   p.alibi = c.alibi;
@@ -87,6 +88,10 @@ Problem to_problem(const ModCase& c, Inputs& in) {
   p.window_right = c.wr;
   p.seed = std::hash<std::string>{}(c.name) & 0xffff;
   p.validate();
+  return p;
+}
+Problem to_problem(const ModCase& c, Inputs& in) {
+  const Problem p = to_problem(c);
   in = random_inputs(p);
   std::mt19937_64 rng(p.seed);
   if (p.bias) {
@@ -102,15 +107,18 @@ Problem to_problem(const ModCase& c, Inputs& in) {
 }
 
 // ("stage:variant", case) for every GPU stage with backward kernels of its own and score modifiers, every
-// variant of it, less those that run the same configuration as an earlier variant on this GPU.
+// variant of it that declares the case (core/stage.h, Supports), less those that run the same configuration
+// as an earlier variant on this GPU.
 std::vector<std::tuple<std::string, ModCase>> entries() {
   std::vector<std::tuple<std::string, ModCase>> out;
   const int cc = grid_cc_major();
   for (const Stage& s : stages()) {
     if (!s.gpu() || !s.has_backward || !s.backward_from.empty() || !s.has_score_mods) continue;
     for (const ModCase& c : cases()) {
+      const Problem p = to_problem(c);
       std::vector<std::string> seen;
       for (const std::string& v : s.variants) {
+        if (!declares(s, p, v)) continue;
         if (s.config_of) {
           const std::string config = s.config_of(grid::to_problem(c.base, true), v, cc);
           if (std::find(seen.begin(), seen.end(), config) != seen.end()) continue;
@@ -133,7 +141,8 @@ TEST_P(GpuModsBackward, MatchesReference) {
   const Problem p = to_problem(c, in);
   const Stage* s = nullptr;
   std::string variant;
-  if (const std::string why = resolve(stage_variant, p, s, variant); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = resolve(stage_variant, s, variant); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_EQ(refusal(*s, p, variant), "");
 
   auto runner = s->make(p, in, variant);
   runner->run();
@@ -158,25 +167,64 @@ INSTANTIATE_TEST_SUITE_P(Grid, GpuModsBackward, ::testing::ValuesIn(entries()),
 // order the blocks come, only the dBias of a full bias (one writer per element).
 class GpuModsBackwardDeterminism : public ::testing::TestWithParam<std::string> {};
 
+// The case at head dim d; the atomic variants take a full bias [B, Hq, Nq, Nk], the others one over the batch.
+ModCase determinism_case(int64_t d, bool atomic) {
+  return {"determinism", {2, 8, 2, 300, 257, d, true, kDefaultPos, DType::bf16, 0.1f}, atomic ? 2 : 1, 8, true, false,
+          10.0f, 70, -1};
+}
+
 TEST_P(GpuModsBackwardDeterminism, TwoRunsSameBits) {
+  const Stage* s = nullptr;
+  std::string variant;
+  if (const std::string why = resolve(GetParam(), s, variant); !why.empty()) GTEST_SKIP() << why;
   const bool atomic = GetParam().find(":atomic") != std::string::npos;
-  const int64_t bias_b = atomic ? 2 : 1;  // the atomic variants: a full bias [B, Hq, Nq, Nk]
+  // Each head dim the variant declares, whatever happens to the other: a refusal fails that d alone.
+  int declared = 0;
   for (int64_t d : {64, 128}) {
-    ModCase c{"determinism", {2, 8, 2, 300, 257, d, true, kDefaultPos, DType::bf16, 0.1f}, bias_b, 8, true, false, 10.0f, 70, -1};
     Inputs in;
-    const Problem p = to_problem(c, in);
-    const Stage* s = nullptr;
-    std::string variant;
-    if (const std::string why = resolve(GetParam(), p, s, variant); !why.empty()) GTEST_SKIP() << why;
+    const Problem p = to_problem(determinism_case(d, atomic), in);
+    if (!declares(*s, p, variant)) continue;
+    ++declared;
+    if (const std::string why = refusal(*s, p, variant); !why.empty()) {
+      ADD_FAILURE() << why;
+      continue;
+    }
     auto runner = s->make(p, in, variant);
     expect_backward_repeats(*runner, atomic ? 3 : 0, 4, d);  // dBias (and dQ, dK, dV where deterministic)
   }
+  EXPECT_GT(declared, 0) << "listed, so it declares at least one head dim";
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, GpuModsBackwardDeterminism,
-                         ::testing::ValuesIn(stage_variants(
-                             [](const Stage& s) { return s.has_backward && s.backward_from.empty() && s.has_score_mods; },
-                             [](const std::string&) { return true; })),
+// The variants of the stages above that declare the case at some head dim.
+std::vector<std::string> determinism_entries() {
+  std::vector<std::string> out;
+  for (const std::string& sv : stage_variants(
+           [](const Stage& s) { return s.has_backward && s.backward_from.empty() && s.has_score_mods; },
+           [](const std::string&) { return true; })) {
+    const size_t colon = sv.find(':');
+    const Stage& s = find_stage(sv.substr(0, colon));
+    const std::string v = colon == std::string::npos ? "" : sv.substr(colon + 1);
+    const bool atomic = sv.find(":atomic") != std::string::npos;
+    for (int64_t d : {64, 128}) {
+      if (declares(s, to_problem(determinism_case(d, atomic)), v)) {
+        out.push_back(sv);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+// Host-side (no GPU: it runs in CI): on every case above, each GPU stage declares exactly what its
+// unsupported() accepts.
+TEST(GridDeclarations, ModsBackwardCasesAgreeWithRefusals) {
+  std::vector<ModCase> cs = cases();
+  for (int64_t d : {64, 128})
+    for (bool atomic : {false, true}) cs.push_back(determinism_case(d, atomic));
+  for (const ModCase& c : cs) expect_declarations_agree(to_problem(c), [](const Stage&) { return true; });
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, GpuModsBackwardDeterminism, ::testing::ValuesIn(determinism_entries()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return param_name(info.param); });
 
 }  // namespace

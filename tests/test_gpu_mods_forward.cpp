@@ -164,8 +164,8 @@ std::vector<ModCase> decode_cases() {
 using Param = std::tuple<std::string, ModCase>;
 
 // ("stage:variant", case) for every GPU stage that owns forward kernels and takes the modifiers (steps 3
-// and 4; step 7 has none), its variants that `keep` accepts and that accept the case (--splits: step 4's
-// only), less those that run the same configuration as an earlier variant on that case.
+// and 4; step 7 has none), its variants that `keep` accepts and that declare the case (core/stage.h, Supports;
+// --splits: step 4's only), less those that run the same configuration as an earlier variant on that case.
 std::vector<Param> entries(const std::vector<ModCase>& cs, const std::function<bool(const std::string&)>& keep) {
   std::vector<Param> out;
   const int cc = grid_cc_major();
@@ -178,7 +178,7 @@ std::vector<Param> entries(const std::vector<ModCase>& cs, const std::function<b
       std::vector<std::string> seen;
       for (const std::string& v : variants) {
         if (!v.empty() && !keep(v)) continue;
-        if (!s.unsupported(p, v).empty()) continue;  // fp32 on step 4; --splits on sm90 and sm120
+        if (!declares(s, p, v)) continue;  // fp32 on step 4; --splits on sm90 and sm120
         if (s.config_of) {
           const std::string config = s.config_of(p, v, cc);
           if (std::find(seen.begin(), seen.end(), config) != seen.end()) continue;
@@ -197,15 +197,14 @@ std::string param_of(const ::testing::TestParamInfo<Param>& info) {
   return param_name(std::get<0>(info.param) + "_" + mods_name(std::get<1>(info.param)));
 }
 
-// Runs `stage_variant` on the case and checks it against step 1. Listed only where the stage accepts the
+// Runs `stage_variant` on the case and checks it against step 1. Listed only where the stage declares the
 // case, so a refusal here is a failure, not a skip.
 void run_and_check(const std::string& stage_variant, const ModCase& m) {
   const Problem p = mods_problem(m);
-  if (const std::string why = gpu_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
   const Stage* s = nullptr;
   std::string variant;
-  const std::string why = resolve(stage_variant, p, s, variant);
-  ASSERT_EQ(why, "");
+  if (const std::string why = resolve(stage_variant, s, variant); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_EQ(refusal(*s, p, variant), "");
   if (p.splits > 0) {
     EXPECT_EQ(s->config_of(p, variant, grid_cc_major()).rfind("4e-", 0), 0u) << "--splits runs the split-KV kernel";
   }
@@ -277,6 +276,7 @@ TEST_P(GpuModsConfigs, MatchesReferenceOrRefuses) {
   const ModCase m = config_case(d);
   const Problem p = mods_problem(m);
   const std::string why = s.unsupported(p, config);
+  EXPECT_EQ(declares(s, p, config), has_mods(s, config)) << config << ": the declaration (kHasMods) and the names disagree";
   if (!has_mods(s, config)) {
     EXPECT_NE(why.find("score modifiers run in 4d's and 4e's configurations"), std::string::npos) << config << ": " << why;
     return;
@@ -291,6 +291,16 @@ INSTANTIATE_TEST_SUITE_P(Step4, GpuModsConfigs, ::testing::ValuesIn(config_entri
                          });
 
 // ---- host side: which variants take the modifiers (no GPU needed) --------------------------------------
+
+// On every case of the grids above, each GPU stage declares exactly what its unsupported() accepts, so the
+// grids list every (variant, case) a stage runs and none it refuses.
+TEST(GridDeclarations, ModsForwardCasesAgreeWithRefusals) {
+  std::vector<ModCase> cs = cases();
+  for (const ModCase& m : decode_cases()) cs.push_back(m);
+  cs.push_back(config_case(64));
+  cs.push_back(config_case(128));
+  for (const ModCase& m : cs) expect_declarations_agree(mods_problem(m), [](const Stage&) { return true; });
+}
 
 // Step 4's lesson variants refuse each modifier with the reason; the variants a user runs take them all.
 TEST(Step4ScoreMods, LessonVariantsRefuseThemUserVariantsTakeThem) {

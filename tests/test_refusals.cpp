@@ -16,6 +16,8 @@
 #include <limits>
 #include <new>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/npy.h"
@@ -489,6 +491,70 @@ TEST(RunReport, ListVariantsLabelsItsTwoGroups) {
   EXPECT_EQ(both.out,
             "variants (--variant NAME; the first is the default):\n  a\n"
             "configurations (--variant NAME; step 6 tunes over them):\n  cfg1\n  cfg2\n");
+}
+
+// Every stage of this build (steps 1 and 2 in a CPU-only build, every GPU stage with CUDA: no GPU needed)
+// declares exactly what its unsupported() accepts (core/stage.h, Supports), in each variant and each
+// configuration compiled for the head dim, on the product of the features a declaration speaks of: dtype,
+// head dim, dropout, each score modifier, --splits, the backward, causal, a decode shape and a square one.
+// A feature the stage does not take at all (has_splits, has_backward) is refused by the command line before
+// the stage is asked: left out. The GPU grids list their cases from the declarations, so a stage that
+// refused a declared case would fail there; here it fails without a GPU.
+TEST(Declarations, EveryStageDeclaresExactlyWhatItRuns) {
+  int checked = 0;
+  for (const Stage& s : stages())
+    for (DType t : {DType::fp32, DType::fp16, DType::bf16})
+      for (int64_t d : {64, 128})
+        for (int mods = 0; mods < 5; ++mods)
+          for (int bits = 0; bits < 16; ++bits) {
+            Problem p;
+            p.B = 1, p.Hq = 4, p.Hkv = 2, p.d = d, p.dtype = t;
+            p.Nq = bits & 1 ? 1 : 128;
+            p.Nk = bits & 1 ? 300 : 128;
+            p.causal = (bits & 2) != 0;
+            p.input_pos = p.Nk - p.Nq;
+            p.scale = 1.0f / std::sqrt(float(d));
+            p.dropout = bits & 4 ? 0.1f : 0.0f;
+            p.backward = (bits & 8) != 0;
+            p.bias = mods == 1;
+            p.alibi = mods == 2;
+            p.softcap = mods == 3 ? 30.0f : 0.0f;
+            p.window_left = mods == 4 ? 16 : -1;
+            for (int64_t splits : {0, 3}) {
+              p.splits = splits;
+              p.validate();
+              if ((p.splits > 0 && !s.has_splits) || (p.backward && !s.has_backward)) continue;
+              std::vector<std::string> names = s.variants.empty() ? std::vector<std::string>{""} : s.variants;
+              for (const std::string& config : s.tuning_variants) {
+                try {
+                  s.launch_shape(p, config);  // throws for a configuration the head dim (or dtype) does not compile
+                } catch (const std::invalid_argument&) {
+                  continue;
+                }
+                names.push_back(config);
+              }
+              for (const std::string& v : names) {
+                const std::string why = s.unsupported(p, v);
+                EXPECT_EQ(declares(s, p, v), why.empty())
+                    << s.name << ":" << v << " on " << p.describe() << " splits " << p.splits
+                    << (why.empty() ? ": runs it but does not declare it" : ": declares it but refuses it: " + why);
+                ++checked;
+              }
+            }
+          }
+  EXPECT_GT(checked, 0);
+}
+
+// Step 2 declares its backward in the two loop orders that have one (fa1, fa2), and every storage type.
+TEST(Declarations, Step2DeclaresItsBackwardInFa1AndFa2) {
+  const Stage& s = find_stage("step2_online_softmax");
+  Problem p;
+  p.backward = true;
+  for (const std::string& v : s.variants)
+    EXPECT_EQ(declares(s, p, v), v == "fa1" || v == "fa2") << v;
+  p.backward = false;
+  p.dtype = DType::fp32;
+  for (const std::string& v : s.variants) EXPECT_TRUE(declares(s, p, v)) << v;
 }
 
 }  // namespace
