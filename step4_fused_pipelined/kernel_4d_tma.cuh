@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const QueryTileWork w(p, Br, Bc, Tr::kOrder, kMods != 0 ? &mods.m : nullptr);  // which query tile, which K/V tiles (scheduler.cuh)
 
   // One thread issues every TMA copy: K (or V) tile n into its ring's slot.
-  auto load_k = [&](int n) { k_ring.load<typename Tr::KVTile>(n, sm.k[0], &tm_k, (w.n_begin + n) * Bc, w.bh_kv); };
-  auto load_v = [&](int n) { v_ring.load<typename Tr::KVTile>(n, sm.v[0], &tm_v, (w.n_begin + n) * Bc, w.bh_kv); };
+  auto load_k = [&](int n) { k_ring.template load<typename Tr::KVTile>(n, sm.k[0], &tm_k, (w.n_begin + n) * Bc, w.bh_kv); };
+  auto load_v = [&](int n) { v_ring.template load<typename Tr::KVTile>(n, sm.v[0], &tm_v, (w.n_begin + n) * Bc, w.bh_kv); };
   // The producer, in iteration n >= 1: K and V tile n + kStages - 1 into the slots of tile n - 1, which every
   // warp released in its previous iteration (K after its Q K^T, V after its P V).
   auto refill = [&](int n) {

@@ -95,8 +95,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int n_tiles = share.count();
 
   // One thread issues every TMA copy: K (or V) tile n_begin + n into its ring's slot n.
-  auto load_k = [&](int n) { k_ring.load<typename Tr::KVTile>(n, sm.k[0], &tm_k, (n_begin + n) * Bc, w.bh_kv); };
-  auto load_v = [&](int n) { v_ring.load<typename Tr::KVTile>(n, sm.v[0], &tm_v, (n_begin + n) * Bc, w.bh_kv); };
+  auto load_k = [&](int n) { k_ring.template load<typename Tr::KVTile>(n, sm.k[0], &tm_k, (n_begin + n) * Bc, w.bh_kv); };
+  auto load_v = [&](int n) { v_ring.template load<typename Tr::KVTile>(n, sm.v[0], &tm_v, (n_begin + n) * Bc, w.bh_kv); };
   // The producer, in iteration n >= 1: K and V tile n + kStages - 1 into the slots of tile n - 1, which every
   // warp released in its previous iteration (K after its Q K^T, V after its P V). With one slot, at the top of
   // the iteration; with more, K's and V's refills are issued at two places of the loop (below).

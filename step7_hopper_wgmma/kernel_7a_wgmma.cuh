@@ -91,8 +91,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int warp = threadIdx.x / 32, wg = warp / 4;
   const step4::QueryTileWork w(p, Br, Bc);
 
-  auto load_k = [&](int n) { k_ring.load<typename Tr::KVTile>(n, sm.k[0], &tm_k, n * Bc, w.bh_kv); };
-  auto load_v = [&](int n) { v_ring.load<typename Tr::KVTile>(n, sm.v[0], &tm_v, n * Bc, w.bh_kv); };
+  auto load_k = [&](int n) { k_ring.template load<typename Tr::KVTile>(n, sm.k[0], &tm_k, n * Bc, w.bh_kv); };
+  auto load_v = [&](int n) { v_ring.template load<typename Tr::KVTile>(n, sm.v[0], &tm_v, n * Bc, w.bh_kv); };
 
   // ---- prologue (4d's): barriers, then Q and the first kStages tiles of K and of V in flight ---------
   if (threadIdx.x == 0) {

@@ -44,9 +44,9 @@ __device__ __forceinline__ void produce(S& sm, const CUtensorMap* tm_q, const CU
   for (int n = 0; n < w.n_tiles; ++n) {
     const int i = it0 + n, s = k_ring.slot(i);  // the ring's i-th use
     if (i >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(i - kStages));  // use i - kStages released
-    k_ring.load<typename Tr::KVTile>(i, sm.k[0], tm_k, n * Bc, w.bh_kv);
+    k_ring.template load<typename Tr::KVTile>(i, sm.k[0], tm_k, n * Bc, w.bh_kv);
     if (i >= kStages) ptx::mbar_wait(&sm.v_empty[s], v_ring.parity(i - kStages));
-    v_ring.load<typename Tr::KVTile>(i, sm.v[0], tm_v, n * Bc, w.bh_kv);
+    v_ring.template load<typename Tr::KVTile>(i, sm.v[0], tm_v, n * Bc, w.bh_kv);
   }
 }
 
