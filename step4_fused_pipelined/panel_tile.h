@@ -42,8 +42,9 @@ struct PanelLayout {
   // Byte offset of element (row, col), col a multiple of 8 (a 16-byte chunk).
   FA_HD static constexpr uint32_t offset(int row, int col) {
     const int chunk = (col % kPanelCols) / 8;
-    const int at = L == SmemLayout::kSwizzle ? chunk ^ (row & 7) : chunk;
-    return panel(col / kPanelCols) + uint32_t(row * kRowBytes + at * 16);
+    if constexpr (L == SmemLayout::kPadded) return uint32_t((col / kPanelCols) * kPanelBytes + row * kRowBytes + chunk * 16);
+    const int at = L == SmemLayout::kSwizzle ? chunk ^ (row & 7) : chunk;  // the swizzle: chunk XOR row % 8
+    return panel(col / kPanelCols) + uint32_t(row * kRowBytes + (at << 4));
   }
 };
 

@@ -97,10 +97,21 @@ struct ScoreMods {
   }
 
   // Score s (raw units) of row r, key j -> the modified score in raw units, or -inf where masked.
-  __device__ __forceinline__ float operator()(float s, const ModRow& r, int j) const { return cap(pre(s, r, j)); }
+  __device__ __forceinline__ float operator()(float s, const ModRow& r, int j) const {
+    if (j < r.lo || j > r.hi) return -INFINITY;
+    if constexpr (kValues == 0) {
+      return s;
+    } else {
+      float b = 0.0f;
+      if constexpr ((kValues & kModBias) != 0)
+        if (kLone || r.bias) b = __ldg(r.bias + j) * inv_scale;  // the bias in raw units
+      return modify_at<kValues>(m, s, b, r.slope, j - r.diag);
+    }
+  }
 
-  // The two halves of operator(), for a backward that needs the softcap's derivative: pre() adds the bias
-  // and ALiBi (the pre-softcap score x, or -inf where masked), cap() applies the softcap, grad() is its
+  // operator() in two halves, for a backward that needs the softcap's derivative: pre() adds the bias and
+  // ALiBi (the pre-softcap score x, or -inf where masked), cap() applies the softcap to an x that is not
+  // -inf (a caller tests x first: the softcap would turn a masked -inf into -c), grad() is the softcap's
   // derivative at x (core/score_mod.h, softcap_grad_pre; 1 in a kernel compiled without the softcap).
   __device__ __forceinline__ float pre(float s, const ModRow& r, int j) const {
     if (j < r.lo || j > r.hi) return -INFINITY;

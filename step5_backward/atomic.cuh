@@ -240,8 +240,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             if constexpr (kDefer) {
               s[mi][nt][e] = x;
             } else {
-              const float sm = mods.cap(x);
-              s[mi][nt][e] = sm == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(sm, p.scale_log2, -lse2[nt][e % 2]));
+              s[mi][nt][e] = x == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(mods.cap(x), p.scale_log2, -lse2[nt][e % 2]));
             }
           }
     } else if (kMods == 0 && step4::tile_needs_mask(p, q0, Bq, w.k0, Bc)) {  // kMods and not modded: all visible
@@ -272,9 +271,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
           float pr = s[mi][nt][e], grad = 1.0f;
           if (kDefer && modded) {  // s holds X: S' = softcap(X), P^T from S', and the derivative at X
-            const float sm = mods.cap(pr);
             grad = mods.grad(pr);
-            pr = sm == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(sm, p.scale_log2, -lse2m[nt][e % 2]));
+            pr = pr == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(mods.cap(pr), p.scale_log2, -lse2m[nt][e % 2]));
           }
           s[mi][nt][e] = pr * z;
           dp[mi][nt][e] = pr * (dp[mi][nt][e] * z - d_i[nt][e % 2]) * grad;

@@ -151,8 +151,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         for (int e = 0; e < 4; ++e) {
           const int i = q0 + nt * 8 + 2 * t + e % 2, j = key_g + 8 * (e / 2);
           const float x = mods.pre(s[nt][e], cols.at(i), j);  // -inf: masked, or past Nq or Nk
-          const float sm = mods.cap(x);
-          const float pr = sm == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(sm, p.scale_log2, -lse2[nt][e % 2]));
+          const float pr = x == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(mods.cap(x), p.scale_log2, -lse2[nt][e % 2]));
           const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
           s[nt][e] = pr * z;
           dp[nt][e] = pr * (dp[nt][e] * z - d_i[nt][e % 2]) * mods.grad(x);

@@ -149,8 +149,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           const int r = e / 2, j = key0 + nt * 8 + 2 * t + e % 2;
           const float z = kDropout ? keep.z(nt, e, p.dropout.keep_scale) : 1.0f;
           const float x = mods.pre(s[nt][e], r ? mod_g8 : mod_g, j);  // -inf: masked, or past Nq or Nk
-          const float sm = mods.cap(x);
-          const float pr = sm == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(sm, p.scale_log2, -lse2[r]));
+          const float pr = x == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(mods.cap(x), p.scale_log2, -lse2[r]));
           s[nt][e] = pr * (dp[nt][e] * z - d_i[r]) * mods.grad(x);
         }
     };
