@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu/gpu_runner.h"
 #include "gpu/gpu_types.h"
 #include "gpu/platform.h"
 #include "gpu/tma.h"

@@ -12,7 +12,7 @@
 #pragma once
 #include <cstdint>
 
-#include "gpu/gpu_runner.h"
+#include "gpu/attn_params.h"
 #include "step4_fused_pipelined/kernel_traits.h"
 
 namespace fa::step4 {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "gpu/gpu_runner.h"
 #include "gpu/gpu_types.h"
 #include "gpu/platform.h"
 #include "step4_fused_pipelined/fused.h"
