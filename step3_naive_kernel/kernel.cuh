@@ -25,7 +25,7 @@
 #include <cuda_runtime.h>
 
 #include "core/dropout.h"
-#include "gpu/gpu_runner.h"
+#include "gpu/attn_params.h"
 #include "gpu/gpu_types.h"
 #include "core/online_softmax.h"
 #include "core/problem.h"

@@ -1,5 +1,6 @@
 // FlashAttention, step by step — step 3: launching the first CUDA kernel (step3_naive_kernel/launch.cu)
 #include "kernel.cuh"
+#include "gpu/gpu_runner.h"
 #include "gpu/platform.h"
 #include "naive.h"
 

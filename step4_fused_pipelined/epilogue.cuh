@@ -9,7 +9,7 @@
 #pragma once
 #include <cuda.h>
 
-#include "gpu/gpu_runner.h"
+#include "gpu/attn_params.h"
 #include "gpu/ptx.h"
 #include "step4_fused_pipelined/fragments.cuh"
 

@@ -3,7 +3,7 @@
 #include <functional>
 #include <string>
 
-#include "gpu/gpu_runner.h"
+#include "gpu/attn_params.h"
 #include "core/stage.h"
 
 namespace fa::step4 {

@@ -31,7 +31,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "gpu/gpu_runner.h"
+#include "gpu/attn_params.h"
 #include "gpu/ptx.h"
 #include "step4_fused_pipelined/dropout.cuh"
 #include "step4_fused_pipelined/epilogue.cuh"

@@ -30,7 +30,7 @@
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 
-#include "gpu/gpu_runner.h"
+#include "gpu/attn_params.h"
 #include "gpu/ptx.h"
 #include "step4_fused_pipelined/combine.cuh"
 #include "step4_fused_pipelined/dropout.cuh"

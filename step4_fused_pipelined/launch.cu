@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "gpu/gpu_runner.h"
 #include "gpu/gpu_types.h"
 #include "gpu/platform.h"
 #include "gpu/tma.h"
@@ -92,10 +94,10 @@ Stage stage() {
   // The chapter's sub-steps 4a-4c and the block-order ablation are lessons, slower than 4d by design: step 6
   // does not spend time on them (the configuration test still checks every one).
   s.tuning_exclusion = [](const std::string& config) -> std::string {
-    for (const char* lesson : {"4a-", "4b-", "4c-"})
-      if (config.rfind(lesson, 0) == 0) return "a sub-step of step 4's chapter, slower than 4d by design";
-    if (config.size() > 9 && config.compare(config.size() - 9, 9, "-headfast") == 0)
-      return "the block-order ablation of step 4's chapter";
+    const std::optional<FwdTiles> tiles = tiles_named(config);
+    if (tiles && tiles->copy != TileCopy::kTma)  // 4a-4c: the threads copy the tiles, or cp.async does
+      return "a sub-step of step 4's chapter, slower than 4d by design";
+    if (tiles && tiles->head_fast) return "the block-order ablation of step 4's chapter";
     return "";
   };
   // What it runs (core/stage.h, Supports): bf16 and fp16 (tensor cores), d 64 and 128, dropout everywhere;
@@ -111,13 +113,13 @@ Stage stage() {
         s.supports.score_mods.push_back(n);
   s.supports.splits = {"auto", "4e-split-kv"};
   for (const std::string& n : s.tuning_variants)
-    if (n.rfind("4e-", 0) == 0) s.supports.splits.push_back(n);
+    if (is_split_kv(n)) s.supports.splits.push_back(n);
   s.config_of = config_of;
   // Step 6 times a decode in each 4e configuration with every split count of configs.h too, beside
   // choose_splits' own choice.
   s.tuning_splits = [](const Problem& p, const std::string& config) {
     std::vector<int64_t> counts;
-    if (p.splits > 0 || !decodes(p) || config.rfind("4e-", 0) != 0) return counts;
+    if (p.splits > 0 || !decodes(p) || !is_split_kv(config)) return counts;
     int64_t Bc = 0;
     with_problem_config<Configs>(p, config, "step 4", [&](auto cfg) { Bc = decltype(cfg)::type::Bc; });
     for (int n : split_counts((p.Nk + Bc - 1) / Bc)) counts.push_back(n);
@@ -133,7 +135,7 @@ Stage stage() {
   };
   s.unsupported = [](const Problem& p, const std::string& v) {
     // Whether v runs 4e does not depend on the architecture (auto with --splits always does): no GPU needed.
-    if (p.splits > 0 && config_of(p, v, /*cc_major=*/9).rfind("4e-", 0) != 0)
+    if (p.splits > 0 && !is_split_kv(config_of(p, v, /*cc_major=*/9)))
       return std::string("--splits needs the split-KV kernel: --variant auto, 4e-split-kv or a 4e- configuration");
     if (std::string why = unsupported(p); !why.empty()) return why;
     if (p.has_score_mods() && !resolves_to_mods<Configs>(p, v, config_of, "step 4"))

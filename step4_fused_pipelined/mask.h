@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "core/problem.h"
-#include "gpu/gpu_runner.h"
+#include "gpu/attn_params.h"
 
 namespace fa::step4 {
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "gpu/config_list.h"
+#include "gpu/cuda_util.h"
 #include "gpu/gpu_types.h"
 #include "gpu/tma.h"
 #include "step4_fused_pipelined/combine.cuh"

@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "core/tile_range.h"
-#include "gpu/gpu_runner.h"
+#include "gpu/attn_params.h"
 #include "step4_fused_pipelined/kernel_traits.h"
 
 namespace fa::step4 {

@@ -23,7 +23,7 @@
 #include <type_traits>
 
 #include "core/score_mod.h"
-#include "gpu/gpu_runner.h"
+#include "gpu/attn_params.h"
 
 namespace fa::step4 {
 

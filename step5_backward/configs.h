@@ -93,4 +93,14 @@ struct Configs {
                                  typename Append<Shared, AtomicKvDq>::type>;
 };
 
+// Is the configuration named `name` (in the list of either head dim) an atomic one (kAtomic)? What step 6's
+// exclusion reads (launch.cu), not the "-atomic" its name ends in. No for a name neither list holds.
+inline bool is_atomic(const std::string& name) {
+  bool atomic = false;
+  const auto found = [&](auto cfg) { atomic = decltype(cfg)::type::kAtomic; };
+  if (!with_config_named(name, Configs<__nv_bfloat16, 64>::All{}, found))
+    with_config_named(name, Configs<__nv_bfloat16, 128>::All{}, found);
+  return atomic;
+}
+
 }  // namespace fa::step5

@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "core/tile_range.h"
-#include "gpu/gpu_runner.h"
+#include "gpu/attn_params.h"
 #include "gpu/ptx.h"
 #include "step4_fused_pipelined/fragments.cuh"
 #include "step4_fused_pipelined/score_mod.cuh"

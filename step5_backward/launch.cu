@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "gpu/gpu_runner.h"
 #include "gpu/gpu_types.h"
 #include "gpu/platform.h"
 #include "step4_fused_pipelined/fused.h"
@@ -172,10 +173,10 @@ Stage stage() {
     if (std::find(s.tuning_variants.begin(), s.tuning_variants.end(), n) == s.tuning_variants.end())
       s.tuning_variants.push_back(n);
   // The default is deterministic (two runs, same bits), and tuning must not trade that for speed: the
-  // atomic configurations (their names end in "-atomic") are no candidates for step 6.
+  // atomic configurations (kAtomic, configs.h) are no candidates for step 6.
   s.tuning_exclusion = [](const std::string& config) {
-    const bool atomic = config.size() > 7 && config.substr(config.size() - 7) == "-atomic";
-    return atomic ? std::string("atomic dQ: results vary from run to run, the default is deterministic") : std::string();
+    return is_atomic(config) ? std::string("atomic dQ: results vary from run to run, the default is deterministic")
+                             : std::string();
   };
   s.forward_from = "step4_fused_pipelined";
   s.config_of = config_of;

@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "gpu/cuda_util.h"
 #include "gpu/gpu_types.h"
 #include "gpu/tma.h"
 #include "step5_backward/atomic.cuh"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "core/stage.h"
-#include "gpu/gpu_runner.h"
+#include "gpu/attn_params.h"
 
 namespace fa::step7 {
 

@@ -6,6 +6,7 @@
 // reason. --backward runs step 5's backward (deterministic) from this forward's O and LSE.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -94,8 +95,9 @@ Stage stage() {
   s.variants = {"auto", "7a-wgmma", "7b-specialized", "7c-pingpong", "7d-persistent"};
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});
   s.tuning_exclusion = [](const std::string& config) -> std::string {
-    for (const char* lesson : {"7a-", "7b-"})
-      if (config.rfind(lesson, 0) == 0) return "a sub-step of step 7's chapter, slower than 7c and 7d by design";
+    const std::optional<HopperTiles> tiles = tiles_named(config);
+    if (tiles && (tiles->design == Design::kWgmma || tiles->design == Design::kSpecialized))  // 7a, 7b
+      return "a sub-step of step 7's chapter, slower than 7c and 7d by design";
     return "";
   };
   // What it runs (core/stage.h, Supports): bf16 and fp16, d 64 and 128, no dropout and no score modifiers

@@ -15,9 +15,11 @@
 // Step4ScoreMods (no GPU needed) checks those refusals, and the command line's, on the host.
 // Without a CUDA device every Gpu case is skipped with the reason.
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "gpu_grid.h"
+#include "step4_fused_pipelined/configs.h"
 #include "tests/cli_run.h"
 
 namespace fa::grid {
@@ -206,7 +208,7 @@ void run_and_check(const std::string& stage_variant, const ModCase& m) {
   if (const std::string why = resolve(stage_variant, s, variant); !why.empty()) GTEST_SKIP() << why;
   ASSERT_EQ(refusal(*s, p, variant), "");
   if (p.splits > 0) {
-    EXPECT_EQ(s->config_of(p, variant, grid_cc_major()).rfind("4e-", 0), 0u) << "--splits runs the split-KV kernel";
+    EXPECT_TRUE(step4::is_split_kv(s->config_of(p, variant, grid_cc_major()))) << "--splits runs the split-KV kernel";
   }
   const Inputs in = mods_inputs(p, m);
   auto runner = s->make(p, in, variant);
@@ -263,8 +265,8 @@ class GpuModsConfigs : public ::testing::TestWithParam<ConfigParam> {};
 // (kernel_traits.h: kHasMods): every configuration but the chapter's sub-steps 4a-4c (step 4's
 // tuning_exclusion) and the block-order and unswizzled ablations.
 bool has_mods(const Stage& s, const std::string& config) {
-  const std::string plain = "-noswizzle";
-  const bool unswizzled = config.size() > plain.size() && config.compare(config.size() - plain.size(), plain.size(), plain) == 0;
+  const std::optional<step4::FwdTiles> tiles = step4::tiles_named(config);
+  const bool unswizzled = tiles && tiles->layout == step4::SmemLayout::kPlain;
   return s.tuning_exclusion(config).empty() && !unswizzled;
 }
 

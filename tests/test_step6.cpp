@@ -202,8 +202,8 @@ TEST(Step6Splits, OffersSplitCountsToSplitKvConfigsAtDecodeOnly) {
   p.Nq = 1;
   p.input_pos = p.Nk - 1;
   const std::string split_kv = s.config_of(p, "auto", 9);
-  ASSERT_EQ(split_kv.rfind("4e-", 0), 0u) << split_kv;
-  const int64_t bc = split_kv.find("-Bc128-") != std::string::npos ? 128 : 64;
+  ASSERT_TRUE(step4::is_split_kv(split_kv)) << split_kv;
+  const int64_t bc = step4::tiles_named(split_kv)->Bc;
   const int64_t tiles = (p.Nk + bc - 1) / bc;
   const std::vector<int64_t> counts = s.tuning_splits(p, split_kv);
   ASSERT_FALSE(counts.empty());
