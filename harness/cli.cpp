@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -41,6 +43,28 @@ CLI::Validator whole_number(uint64_t lo, uint64_t hi) {
       "", "whole_number");
 }
 
+// --dropout's check, on the flag's text before CLI11 converts it to a float: a value below 1 that float32
+// rounds to 1 (0.999999999) would otherwise be refused as "(got 1)", a number nobody typed.
+static CLI::Validator dropout_probability() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size()) return "";  // not a number: CLI11 says so
+        if (!(v >= 0.0 && v < 1.0)) return "must be in [0, 1) (got " + text + ")";
+        if (float(v) >= 1.0f)
+          return "must be in [0, 1): " + text + " rounds to 1 in float32 (the largest usable value is " +
+                 float_str(std::nextafter(1.0f, 0.0f)) + ")";
+        return "";
+      },
+      "", "dropout_probability");
+}
+
+const char* const kExitCodes =
+    "Exit codes: 0 done; 1 --check found an output outside the tolerance; 2 bad input or a file that could not "
+    "be written (one line on stderr; nothing run, or no file left half-written); 3 an output is NaN or "
+    "infinite (one line on stderr).";
+
 void add_common_options(CLI::App& app, CommonOptions& o) {
   Problem& p = o.problem;
   auto dflt = [](int64_t v) { return " (default " + std::to_string(v) + ")"; };
@@ -58,7 +82,9 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--dtype", o.dtype, "storage type of Q, K, V, O: bf16 | fp16 | fp32")
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
       ->capture_default_str();
-  app.add_option("--dropout", p.dropout, "dropout probability p in [0, 1)")->capture_default_str();
+  app.add_option("--dropout", p.dropout, "dropout probability p in [0, 1)")
+      ->check(dropout_probability())
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the random inputs and the dropout mask" + dflt(int64_t(p.seed)))
       ->check(whole_number(0, std::numeric_limits<uint64_t>::max()));
   app.add_flag("--backward", p.backward, "also run the backward pass (stages that have one)");
@@ -104,8 +130,9 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, cons
 
 std::vector<std::string> flags_given(const CLI::App& app) {
   std::vector<std::string> given;
+  // From the long name, not get_name(): that is "" for an option kept out of --help (the tour's).
   for (const CLI::Option* opt : app.get_options())
-    if (opt->count() > 0) given.push_back(opt->get_name());
+    if (opt->count() > 0) given.push_back(opt->get_lnames().empty() ? opt->get_name() : "--" + opt->get_lnames()[0]);
   return given;
 }
 
@@ -228,10 +255,12 @@ static Tensor load_bias(const std::string& path, const Problem& p) {
   const std::vector<int64_t>& s = t.shape;
   const bool fits = s.size() == 4 && (s[0] == p.B || s[0] == 1) && (s[1] == p.Hq || s[1] == 1) && s[2] == p.Nq &&
                     s[3] == p.Nk;
+  // A dimension the bias may broadcast over reads "4 or 1"; one that is already 1 reads "1".
+  auto or_one = [](int64_t n) { return std::to_string(n) + (n == 1 ? "" : " or 1"); };
   if (!fits)
     throw std::invalid_argument("--bias: " + path + " has shape " + shape_str(s) + "; this problem needs [" +
-                                std::to_string(p.B) + " or 1, " + std::to_string(p.Hq) + " or 1, " +
-                                std::to_string(p.Nq) + ", " + std::to_string(p.Nk) + "]");
+                                or_one(p.B) + ", " + or_one(p.Hq) + ", " + std::to_string(p.Nq) + ", " +
+                                std::to_string(p.Nk) + "]");
   for (size_t k = 0; k < t.size(); ++k)
     if (std::isnan(t.data[k]) || t.data[k] == std::numeric_limits<float>::infinity())
       throw std::invalid_argument("--bias: " + path + ": element " + index_str(s, k) + " is " +
@@ -283,8 +312,10 @@ Inputs prepare_inputs(CommonOptions& o) {
     p.window_left = lr[0];
     p.window_right = lr[1];
   }
-  if (o.softcap) {
-    if (*o.softcap == 0.0f) throw std::invalid_argument("--softcap 0 caps nothing: give a positive cap, or drop --softcap");
+  if (o.softcap) {  // 0 would mean "no cap" inside a Problem; on the command line, no cap is no --softcap
+    if (!(*o.softcap > 0.0f && std::isfinite(*o.softcap)))
+      throw std::invalid_argument("--softcap: the cap must be a positive finite number (got " + float_str(*o.softcap) +
+                                  "); for no cap, drop --softcap");
     p.softcap = *o.softcap;
   }
   if (o.input_pos && !p.causal && !p.has_window() && !p.alibi)

@@ -114,7 +114,16 @@ TEST(Refusals, MalformedFlagValues) {
           {{"--seq", "abc"}, "Could not convert: --seq = abc"},
           {{"--dtype", "fp8"}, "--dtype: fp8 not in {bf16,fp16,fp32}"},
           {{"--no-such-flag"}, "--no-such-flag"},
+          // The value typed, not the float it became: 0.999999999 is float32's 1.
+          {{"--dropout", "0.999999999"}, "--dropout: must be in [0, 1): 0.999999999 rounds to 1 in float32 (the "
+                                         "largest usable value is 0.99999994)"},
+          {{"--dropout", "1"}, "--dropout: must be in [0, 1) (got 1)"},
+          {{"--dropout", "nan"}, "--dropout: must be in [0, 1) (got nan)"},
       });
+  // The largest float below 1 runs, and the run shows it as it is.
+  const CliResult r = run_stage_main("step1_cpu_reference", {"--seq", "8", "--dim", "4", "--dropout", "0.99999994"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("dropout=0.99999994 "), std::string::npos) << r.out;
 }
 
 TEST(Refusals, FlagsTheRunWouldIgnore) {
@@ -289,9 +298,20 @@ TEST(Refusals, MalformedScoreModifiers) {
           {with({"--alibi-slopes", (d / "slopes3.npy").string()}), "--alibi-slopes gives ALiBi's slopes: add --alibi"},
           {with({"--alibi", "--alibi-slopes", (d / "slopes3.npy").string()}),
            "slopes3.npy has shape [3]; this problem needs [4] (one slope per query head)"},
-          {with({"--softcap", "0"}), "--softcap 0 caps nothing: give a positive cap, or drop --softcap"},
-          {with({"--softcap", "-3"}), "softcap must be a positive finite number, or 0 for none (got -3)"},
-          {with({"--softcap", "inf"}), "softcap must be a positive finite number"},
+          {with({"--softcap", "0"}), "--softcap: the cap must be a positive finite number (got 0); for no cap, drop "
+                                     "--softcap"},
+          {with({"--softcap", "-3"}), "--softcap: the cap must be a positive finite number (got -3); for no cap, drop "
+                                      "--softcap"},
+          {with({"--softcap", "inf"}), "--softcap: the cap must be a positive finite number (got inf)"},
+      });
+  // A dimension that is already 1 cannot broadcast: it reads "1", not "1 or 1".
+  expect_refused_without_files(
+      "step1_cpu_reference",
+      {
+          {{"--seq", "8", "--heads", "4", "--bias", (d / "wrong.npy").string()},
+           "wrong.npy has shape [1, 2, 8, 7]; this problem needs [1, 4 or 1, 8, 8]"},
+          {{"--seq", "8", "--heads", "1", "--bias", (d / "wrong.npy").string()},
+           "wrong.npy has shape [1, 2, 8, 7]; this problem needs [1, 1, 8, 8]"},
       });
 }
 
