@@ -1,11 +1,13 @@
 // FlashAttention, step by step — harness/cli.cpp
 #include "harness/cli.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -23,6 +25,7 @@
 #include "core/host_memory.h"
 #include "core/npy.h"
 #include "core/random.h"
+#include "core/score_mod.h"
 
 namespace fa {
 
@@ -114,6 +117,7 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
                  "with --bench: also time VARIANT of this stage on the same inputs, alternating with the main run "
                  "in rounds, and record both (a same-run comparison)");
   app.add_flag("--tuned", o.tuned, "run the configuration step 6 tuned for this GPU and problem (tunes it once)");
+  app.footer(kExitCodes);
 }
 
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const std::string& program) {
@@ -410,10 +414,84 @@ static void print_check(const CheckReport& r) {
   }
 }
 
+// Appends one record to --json FILE as one whole line or not at all. The line is built in memory and written
+// with O_APPEND, every byte checked; when a write or the close fails (a full disk), the file is truncated
+// back to its size before (or removed, if this run created it), so that a reader of the records never meets
+// a half line, and the error names the file and says what was left.
 static void append_json(const std::string& file, const nlohmann::json& rec) {
-  std::ofstream f(file, std::ios::app);
-  if (!f) throw std::runtime_error("cannot open " + file + " for appending");
-  f << rec.dump() << "\n";
+  const std::string line = rec.dump() + "\n";
+  struct stat before;
+  const bool existed = stat(file.c_str(), &before) == 0;
+  const int fd = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) throw std::runtime_error("--json: cannot append to " + file + ": " + std::strerror(errno));
+  std::string why;
+  for (size_t done = 0; done < line.size() && why.empty();) {
+    const ssize_t n = ::write(fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) why = n < 0 ? std::strerror(errno) : "the write made no progress";
+    else done += size_t(n);
+  }
+  if (::close(fd) != 0 && why.empty()) why = std::strerror(errno);
+  if (why.empty()) return;
+  std::string left;  // what the failed append left of the file
+  if (!existed) left = std::remove(file.c_str()) == 0 ? "no file was created" : file + " may hold a partial line";
+  else if (!S_ISREG(before.st_mode)) left = "nothing to restore (not a regular file)";
+  else if (::truncate(file.c_str(), before.st_size) == 0) left = file + " is as it was";
+  else left = file + " may end in a partial line (" + std::strerror(errno) + ")";
+  throw std::runtime_error("--json: cannot append to " + file + ": " + why + "; " + left);
+}
+
+// Does row i of head (b, h) see any key? The mask (causal, window) leaves a band of keys per row; a -inf
+// bias can mask the rest. A row that sees none has LSE = -inf (and O = 0) by the convention.
+static bool row_sees_a_key(const Problem& p, const Inputs& in, int64_t b, int64_t h, int64_t i) {
+  int64_t lo, hi;
+  visible_range(score_mod_of(p), p.Nk, i, &lo, &hi);
+  if (lo > hi) return false;
+  if (!p.bias || in.bias.empty()) return true;
+  const std::vector<int64_t>& bs = in.bias.shape;  // [B or 1, Hq or 1, Nq, Nk]
+  const float* row = in.bias.data.data() + size_t(((bs[0] == 1 ? 0 : b) * bs[1] + (bs[1] == 1 ? 0 : h)) * bs[2] + i) * size_t(bs[3]);
+  for (int64_t j = lo; j <= hi; ++j)
+    if (row[j] != -std::numeric_limits<float>::infinity()) return true;
+  return false;
+}
+
+std::string nonfinite_outputs(const Problem& p, const Inputs& in, const Outputs& out) {
+  const std::pair<const char*, const Tensor*> all[] = {{"O", &out.o},   {"LSE", &out.lse}, {"dQ", &out.dq},
+                                                       {"dK", &out.dk}, {"dV", &out.dv},   {"dBias", &out.dbias}};
+  const int n = p.backward ? (p.bias ? 6 : 5) : 2;
+  std::string said;
+  for (int k = 0; k < n; ++k) {
+    const Tensor& t = *all[k].second;
+    const bool lse = k == 1;
+    size_t nan = 0, inf = 0, first = t.size();
+    for (size_t e = 0; e < t.size(); ++e) {
+      const float x = t.data[e];
+      bool bad = std::isnan(x) || (std::isinf(x) && !lse);
+      if (lse && std::isinf(x)) {  // -inf only where the row sees no key; +inf never
+        const int64_t i = int64_t(e % size_t(p.Nq)), bh = int64_t(e / size_t(p.Nq));
+        bad = x > 0 || row_sees_a_key(p, in, bh / p.Hq, bh % p.Hq, i);
+      }
+      if (!bad) continue;
+      (std::isnan(x) ? nan : inf) += 1;
+      first = std::min(first, e);
+    }
+    if (nan + inf == 0) continue;
+    std::string counts = nan ? std::to_string(nan) + " NaN" : "";
+    if (inf) counts += (nan ? " and " : "") + std::to_string(inf) + (lse ? " infinite (in rows that see keys)" : " infinite");
+    said += (said.empty() ? "" : ", ") + std::string(all[k].first) + " holds " + counts + " of " +
+            std::to_string(t.size()) + " (the first at " + index_str(t.shape, first) + ")";
+  }
+  if (said.empty()) return "";
+  // The likely cause, when the inputs can make one: a score q.k beyond float32's range.
+  float q_max = 0, k_max = 0;
+  for (const float x : in.q.data) q_max = std::max(q_max, std::abs(x));
+  for (const float x : in.k.data) k_max = std::max(k_max, std::abs(x));
+  const double bound = double(p.scale) * double(q_max) * double(k_max) * double(p.d);
+  char why[160] = "";
+  if (bound > double(std::numeric_limits<float>::max()) / 16)  // sums and exp differences overflow before the max
+    std::snprintf(why, sizeof why, "; |scale * q.k| can reach %.1e here, beyond float32's %.1e: scale the inputs down",
+                  bound, double(std::numeric_limits<float>::max()));
+  return said + why;
 }
 
 constexpr int64_t kMaxDumpedMask = int64_t(1) << 26;
@@ -484,6 +562,7 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
   if (p.backward) runner->run_backward();
   const Outputs out = runner->outputs();
   const double run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const std::string nonfinite = nonfinite_outputs(p, in, out);
   if (!o.check && !o.bench) {
     print_outputs(out, p.backward);
     std::printf("  one run, not warmed up: %.3f ms\n", run_ms);
@@ -552,6 +631,7 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
   if (p.alibi) rec["alibi"] = o.alibi_slopes_file.empty() ? std::string("standard") : o.alibi_slopes_file;
   if (p.softcap > 0) rec["softcap"] = p.softcap;
   if (p.has_window()) rec["window"] = {p.window_left, p.window_right};
+  if (!nonfinite.empty()) rec["nonfinite"] = true;
   for (const auto& [k, v] : o.record_extra) rec[k] = v;
   if (!o.dump_dir.empty()) {
     AtomicFileSet files;
@@ -576,6 +656,12 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
                   (long long)(p.B * p.Hq * p.Nq * p.Nk), (long long)kMaxDumpedMask);
   }
   if (!o.json_file.empty()) append_json(o.json_file, rec);
+  // Last, so that the dump and the record (which say so) are there to look at.
+  if (!nonfinite.empty()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: the outputs are not finite: %s\n", s.name.c_str(), nonfinite.c_str());
+    return kExitNonFinite;
+  }
   return rc;
 }
 

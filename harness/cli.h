@@ -88,9 +88,25 @@ Inputs prepare_inputs(CommonOptions& o);
 void require_memory_for(const Stage& s, const Oracle& oracle, const Problem& p, const std::string& variant,
                         bool check);
 
+// Exit code 3: a run whose outputs hold a NaN, or an infinity where none belongs (every O and gradient
+// element is finite; LSE is -inf only for a row that sees no key). Distinct from 1 (--check failed) and
+// 2 (bad input, a failed write).
+constexpr int kExitNonFinite = 3;
+
+// "" when the outputs of a run of p are all finite (LSE may be -inf where the row sees no key), else what is
+// not: each output with its counts and first bad element ("O holds 28 NaN of 32 (the first at [0, 0, 0, 0])"),
+// and the likely cause when the inputs can make one (scores beyond float32's range).
+std::string nonfinite_outputs(const Problem& p, const Inputs& in, const Outputs& out);
+
+// The --help text on exit codes (CLI11's footer), set by add_common_options().
+extern const char* const kExitCodes;
+
 // Runs one stage as its executable does: check (against `oracle`), bench, dump, json; a run with neither
 // --check nor --bench prints what it computed (shapes, checksums, first values, its time). Returns the
-// process exit code; bad input throws std::invalid_argument / std::runtime_error.
+// process exit code (0, 1 for a failed check, kExitNonFinite for NaN or infinite outputs, said on stderr);
+// bad input, or a --dump or --json file that cannot be written, throws std::invalid_argument /
+// std::runtime_error. The files are written whole or not at all: a --json record is one whole line or
+// nothing (a failed append is truncated back), --dump's files all appear or none.
 int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o);
 
 // Call inside a catch (...) block: reports the exception being handled as one line on stderr,

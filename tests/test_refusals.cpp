@@ -30,7 +30,8 @@ namespace fa {
 namespace {
 
 namespace fs = std::filesystem;
-using cli_test::CliResult, cli_test::run_main, cli_test::run_stage_main, cli_test::temp_dir;
+using cli_test::CliResult, cli_test::ProgramResult, cli_test::run_main, cli_test::run_program, cli_test::run_stage_main,
+    cli_test::temp_dir;
 
 // Step 2's executable, built beside this test binary (build/tests/fa_tests, build/step2_online_softmax/...).
 fs::path step2_executable() {
@@ -509,6 +510,107 @@ TEST(RunReport, ListVariantsLabelsItsTwoGroups) {
   EXPECT_EQ(both.out,
             "variants (--variant NAME; the first is the default):\n  a\n"
             "configurations (--variant NAME; step 6 tunes over them):\n  cfg1\n  cfg2\n");
+}
+
+TEST(RunReport, HelpSaysTheExitCodes) {
+  const CliResult r = run_stage_main("step1_cpu_reference", {"--help"});
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_NE(r.out.find("Exit codes: 0 done; 1 --check found an output outside the tolerance; 2 bad input or a file "
+                       "that could not be written"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("3 an output is NaN or infinite"), std::string::npos) << r.out;
+}
+
+// Scores beyond float32 (q and k at 1e20: every value in range, q.k = 8e40 not) make NaN: never a quiet
+// success. One line on stderr, exit code 3, with or without --check; the record (still written) says so.
+TEST(RunReport, NonFiniteOutputsAreExit3) {
+  const fs::path in = temp_dir("overflow"), out = temp_dir("overflow_out");
+  InputFiles files;
+  for (Tensor* t : {&files.q, &files.k})
+    for (float& x : t->data) x = 1e20f;
+  files.write(in);
+  const std::string json = (out / "rec.jsonl").string();
+  const std::string said = "step1_cpu_reference: error: the outputs are not finite: O holds ";
+  for (const std::vector<std::string>& extra : {std::vector<std::string>{}, {"--check"}, {"--backward"}}) {
+    std::vector<std::string> args = {"--inputs", in.string(), "--dtype", "fp32", "--json", json};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = run_stage_main("step1_cpu_reference", args);
+    const std::string what = extra.empty() ? "plain" : extra[0];
+    EXPECT_EQ(r.rc, kExitNonFinite) << what << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind(said, 0), 0u) << what << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("|scale * q.k| can reach 2.8e+40 here, beyond float32's 3.4e+38"), std::string::npos) << r.err;
+    if (what == "--backward") {
+      EXPECT_NE(r.err.find("dQ holds "), std::string::npos) << r.err;
+    }
+  }
+  std::ifstream f(json);
+  const std::string records((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_EQ(std::count(records.begin(), records.end(), '\n'), 3) << records;
+  EXPECT_NE(records.find("\"nonfinite\":true"), std::string::npos) << records;
+  if (fs::exists(step2_executable())) {  // step 2's table of every variant, which checks nothing by default
+    const CliResult r = run_step2({"--inputs", in.string(), "--dtype", "fp32"});
+    EXPECT_EQ(r.rc, kExitNonFinite) << r.err;
+    EXPECT_NE(r.err.find("step2_online_softmax: error: the outputs of 3pass, 2pass, online, fa1, fa2 are not finite; "
+                         "3pass: O holds "),
+              std::string::npos)
+        << r.err;
+  }
+}
+
+// LSE = -inf for a row that sees no key is the convention, not a failure: rows before the first key of a
+// causal run, and a row a -inf bias masks whole (backward too).
+TEST(RunReport, RowsThatSeeNoKeyAreNotNonFinite) {
+  CliResult r = run_stage_main("step1_cpu_reference",
+                               {"--seq-q", "8", "--seq-k", "4", "--dim", "4", "--causal", "--input-pos", "-2"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("-inf"), std::string::npos) << r.out;
+  const fs::path d = temp_dir("masked_row");
+  Tensor bias({1, 1, 8, 8});
+  for (int64_t j = 0; j < 8; ++j) bias.data[size_t(3 * 8 + j)] = -std::numeric_limits<float>::infinity();
+  write_npy((d / "bias.npy").string(), bias);
+  r = run_stage_main("step1_cpu_reference", {"--seq", "8", "--heads", "2", "--dim", "4", "--bias",
+                                             (d / "bias.npy").string(), "--backward"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// ---- the tour ----------------------------------------------------------------------------------------
+
+fs::path tour_executable() { return cli_test::build_dir() / "flashattention_tour"; }
+
+// Its --help lists what it takes: none of a stage executable's own flags, which it refuses with the reason.
+TEST(Tour, HelpListsOnlyTheFlagsItTakes) {
+  if (!fs::exists(tour_executable())) GTEST_SKIP() << tour_executable() << " is not built";
+  const ProgramResult help = run_program(tour_executable(), {"--help"});
+  EXPECT_EQ(help.rc, 0) << help.err;
+  for (const std::string flag : {"--variant", "--check", "--bench", "--bench-against", "--dump", "--json",
+                                 "--list-variants"}) {
+    EXPECT_EQ(help.out.find("\n  " + flag + " "), std::string::npos) << flag << " is in --help:\n" << help.out;
+    std::vector<std::string> args = {flag};
+    if (flag != "--check" && flag != "--bench" && flag != "--list-variants") args.push_back("x");
+    expect_refused(run_program(tour_executable(), args),
+                   flag + " is a flag of a stage's own executable (the tour runs every stage and variant, checked "
+                          "against step 1 and timed once): drop " + flag,
+                   flag);
+  }
+  for (const std::string flag : {"--seq", "--backward", "--tuned", "--gpu-status"})
+    EXPECT_NE(help.out.find("\n  " + flag + " "), std::string::npos) << flag << " is not in --help:\n" << help.out;
+  EXPECT_NE(help.out.find("Exit codes: 0 every stage that ran passed its check"), std::string::npos) << help.out;
+}
+
+// Under --backward, a variant without one is skipped naming the rows that run it, not a --variant the tour
+// would refuse.
+TEST(Tour, BackwardSkipsNameTheRowsThatRunIt) {
+  if (!fs::exists(tour_executable())) GTEST_SKIP() << tour_executable() << " is not built";
+  const ProgramResult r = run_program(tour_executable(), {"--backward", "--seq", "16", "--dim", "8", "--heads", "1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  for (const std::string v : {"3pass", "2pass", "online"})
+    EXPECT_NE(r.out.find(v + std::string(32 - v.size(), ' ') + " skipped: no backward pass in this variant (the rows "
+                         "of fa1, fa2 run it)\n"),
+              std::string::npos)
+        << r.out;
+  EXPECT_EQ(r.out.find("--variant"), std::string::npos) << r.out;
 }
 
 }  // namespace
