@@ -297,7 +297,7 @@ static std::string shape_flags_given(const CommonOptions& o) {
   return given;
 }
 
-Inputs prepare_inputs(CommonOptions& o) {
+Inputs prepare_inputs(CommonOptions& o, const BeforeInputs& before_inputs) {
   Problem& p = o.problem;
   p.dtype = parse_dtype(o.dtype);
   p.seed = o.seed.value_or(p.seed);
@@ -376,8 +376,10 @@ Inputs prepare_inputs(CommonOptions& o) {
     if (!p.alibi) throw std::invalid_argument("--alibi-slopes gives ALiBi's slopes: add --alibi, or drop --alibi-slopes");
     in.alibi_slopes = load_slopes(o.alibi_slopes_file, p);
   }
+  const double to_draw = o.inputs_dir.empty() ? input_elements(p) * sizeof(float) : 0.0;
+  if (before_inputs) before_inputs(p, to_draw);
   if (o.inputs_dir.empty()) {
-    require_host_memory(input_elements(p) * sizeof(float), "the random inputs");
+    require_host_memory(to_draw, "the random inputs");
     Tensor bias = std::move(in.bias), slopes = std::move(in.alibi_slopes);
     in = random_inputs(p);
     in.bias = std::move(bias);
@@ -387,16 +389,98 @@ Inputs prepare_inputs(CommonOptions& o) {
 }
 
 void require_memory_for(const Stage& s, const Oracle& oracle, const Problem& p, const std::string& variant,
-                        bool check) {
+                        bool check, double input_bytes) {
   // A stage that does not count its own buffers holds at least its outputs; outputs() hands a copy back.
   const double run = (s.host_bytes ? s.host_bytes(p, variant) : output_elements(p) * sizeof(float)) +
                      output_elements(p) * sizeof(float);
   const double reference = check && oracle.host_bytes ? oracle.host_bytes(p) : 0.0;
+  std::string parts;  // what the total is made of, when it is more than the run
+  if (input_bytes > 0) parts += "the inputs " + memory_str(input_bytes) + ", ";
+  if (!parts.empty() || reference > 0) parts += "the run " + memory_str(run);
+  if (reference > 0) parts += ", step 1's fp64 reference " + memory_str(reference);
   const std::string what = s.name + (variant.empty() ? "" : " --variant " + variant) + " on this problem" +
-                           (reference > 0 ? " with --check (the run " + memory_str(run) +
-                                                ", step 1's fp64 reference " + memory_str(reference) + ")"
-                                          : "");
-  require_host_memory(run + reference, what);
+                           (reference > 0 ? " with --check" : "") + (parts.empty() ? "" : " (" + parts + ")");
+  require_host_memory(input_bytes + run + reference, what);
+}
+
+// ---- how long a CPU run will take ----------------------------------------------------------------
+
+// Above this, a CPU run says how long it will take before it starts.
+constexpr double kAnnounceSeconds = 5;
+
+// The problem a CPU stage's rate is measured on: p's kind (dtype, mask, modifiers, dropout, backward) at a
+// size that runs in a fraction of a second, with a few heads to keep the threads busy. No bias: the small
+// problem has no bias tensor, and a bias costs one addition per score.
+static Problem small_problem_like(const Problem& p) {
+  Problem q = p;
+  q.B = 1;
+  q.Hkv = std::min<int64_t>(p.Hkv, 4);
+  q.Hq = q.Hkv * std::min<int64_t>(p.group(), 4);
+  q.Nq = std::min<int64_t>(p.Nq, 256);
+  q.Nk = std::min<int64_t>(p.Nk, 1024);
+  q.input_pos = q.Nk - q.Nq;
+  q.bias = false;
+  q.splits = 0;
+  return q;
+}
+
+static double dense_work(const Problem& p) { return double(p.B) * double(p.Hq) * double(p.Nq) * double(p.Nk) * double(p.d); }
+
+static std::string duration_str(double seconds) {
+  char buf[32];
+  if (seconds < 90) std::snprintf(buf, sizeof buf, "%.0f s", seconds);
+  else if (seconds < 90 * 60) std::snprintf(buf, sizeof buf, "%.0f min", seconds / 60);
+  else std::snprintf(buf, sizeof buf, "%.1f h", seconds / 3600);
+  return buf;
+}
+
+void announce_long_cpu_run(const Stage& s, const Oracle& oracle, const Problem& p,
+                           const std::vector<std::string>& variants, const CommonOptions& o) {
+  if (s.gpu() || variants.empty()) return;
+  const Problem q = small_problem_like(p);
+  // A problem not much larger than the small one runs about as quickly as measuring it would.
+  if (dense_work(p) < 16 * dense_work(q)) return;
+  // How often a run does each pass: once, and with --bench a warm-up, one timed run and at least three more
+  // (eval.cpp's time_runner), three rounds of them with --bench-against, for each of the two variants.
+  const int bench_runs = o.bench ? 5 * (o.bench_against.empty() ? 1 : 6) : 0;
+  const double fwd_runs = 1 + bench_runs + (o.bench && p.backward ? bench_runs / 5 : 0);
+  const double bwd_runs = p.backward ? 1 + bench_runs : 0;
+  using clock = std::chrono::steady_clock;
+  auto seconds_since = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  const Inputs in = random_inputs(q);
+  // The stage's time scales with its FLOPs (a stage that skips masked tiles skips them in both); step 1's
+  // fp64 reference materialises every score, so its time scales with the dense work.
+  const double flop_ratio = p.flops_forward() / q.flops_forward(), dense_ratio = dense_work(p) / dense_work(q);
+  double run_s = 0, check_s = 0;
+  for (const std::string& v : variants) {
+    const auto runner = s.make(q, in, v);
+    auto t0 = clock::now();
+    runner->run();
+    run_s += fwd_runs * seconds_since(t0) * flop_ratio;
+    if (p.backward) {
+      t0 = clock::now();
+      runner->run_backward();
+      run_s += bwd_runs * seconds_since(t0) * flop_ratio;
+    }
+    if (o.check) {
+      t0 = clock::now();
+      (void)oracle.exact(q, in);
+      (void)oracle.naive_low_precision(q, in);
+      check_s += seconds_since(t0) * dense_ratio;
+    }
+  }
+  if (run_s + check_s <= kAnnounceSeconds) return;
+  const double flops = fwd_runs * p.flops_forward() + bwd_runs * p.flops_backward();
+  char rate[64];
+  std::snprintf(rate, sizeof rate, "%.1f GFLOP/s", double(variants.size()) * flops / run_s * 1e-9);
+  const std::string who = s.name + (variants.size() > 1 ? " (" + std::to_string(variants.size()) + " variants)"
+                                                        : variants[0].empty() ? "" : " --variant " + variants[0]);
+  std::printf("%s: this will take about %s on this CPU (the run %s at %s%s; measured on Nq %lld x Nk %lld of the "
+              "same kind); Ctrl-C stops it\n",
+              who.c_str(), duration_str(run_s + check_s).c_str(), duration_str(run_s).c_str(), rate,
+              check_s > 0 ? (", step 1's fp64 check " + duration_str(check_s)).c_str() : "", (long long)q.Nq,
+              (long long)q.Nk);
+  std::fflush(stdout);
 }
 
 static void print_check(const CheckReport& r) {
@@ -542,17 +626,20 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
     return 0;
   }
   check_common_flags(s, o);
-  Inputs in = prepare_inputs(o);
-  Problem& p = o.problem;
   std::string variant = o.variant.empty() ? (s.variants.empty() ? "" : s.variants[0]) : o.variant;
-  if (const std::string why = s.unsupported(p, variant); !why.empty())
-    throw std::invalid_argument(s.name + " cannot run this problem: " + why);
-  if (s.platform)
-    if (const std::string why = s.platform->unavailable_reason(); !why.empty())
-      throw std::runtime_error(s.name + " needs a CUDA GPU: " + why);
-  // Before tuning, which takes a while: the stages with configurations run on a GPU, and what they need of
-  // the host does not depend on the configuration.
-  require_memory_for(s, oracle, p, variant, o.check);
+  // What cannot run is refused, and a long run announced, before the inputs take their memory and time.
+  Inputs in = prepare_inputs(o, [&](const Problem& p, double input_bytes) {
+    if (const std::string why = s.unsupported(p, variant); !why.empty())
+      throw std::invalid_argument(s.name + " cannot run this problem: " + why);
+    if (s.platform)
+      if (const std::string why = s.platform->unavailable_reason(); !why.empty())
+        throw std::runtime_error(s.name + " needs a CUDA GPU: " + why);
+    // Before tuning, which takes a while: the stages with configurations run on a GPU, and what they need of
+    // the host does not depend on the configuration.
+    require_memory_for(s, oracle, p, variant, o.check, input_bytes);
+    announce_long_cpu_run(s, oracle, p, {variant}, o);
+  });
+  Problem& p = o.problem;
   if (o.tuned) variant = o.tuner(s, p);
   std::printf("%s%s%s: %s\n", s.name.c_str(), variant.empty() ? "" : " --variant ", variant.c_str(),
               p.describe().c_str());

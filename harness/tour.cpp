@@ -91,6 +91,15 @@ int main(int argc, char** argv) {
         variants = {o.tuner(s, ps)};
       }
       for (const std::string& v : variants) {
+        // A long CPU row says how long before it starts (the check and the timed runs included).
+        if (!s.gpu() && skip_reason(s, ps, v).empty()) {
+          fa::CommonOptions as_run = o;
+          as_run.bench = true;
+          try {
+            fa::announce_long_cpu_run(s, fa::reference_oracle(), ps, {v}, as_run);
+          } catch (const std::exception&) {  // the row's own error, which the row reports when it runs
+          }
+        }
         std::printf("%-34s %-32s ", s.name.c_str(), v.c_str());
         std::fflush(stdout);
         if (!unavailable.empty()) {

@@ -42,12 +42,16 @@ int run_all(const fa::Stage& s, fa::CommonOptions& o, const fa::step2::Config& c
   fa::check_common_flags(s, o);  // --bench-against needs --bench, no --tuned, ...
   if (!o.bench_against.empty())
     throw std::invalid_argument("--bench-against times one variant against another: add --variant");
-  const fa::Inputs in = fa::prepare_inputs(o);
-  const fa::Problem& p = o.problem;
   std::vector<std::string> variants;
-  for (const std::string& v : s.variants)
-    if (s.unsupported(p, v).empty()) variants.push_back(v);
-  for (const std::string& v : variants) fa::require_memory_for(s, fa::step1::oracle(), p, v, o.check);
+  // Each variant runs alone, so the largest need counts; refused, and a long run announced, before the inputs
+  // take their memory and time.
+  const fa::Inputs in = fa::prepare_inputs(o, [&](const fa::Problem& p, double input_bytes) {
+    for (const std::string& v : s.variants)
+      if (s.unsupported(p, v).empty()) variants.push_back(v);
+    for (const std::string& v : variants) fa::require_memory_for(s, fa::step1::oracle(), p, v, o.check, input_bytes);
+    fa::announce_long_cpu_run(s, fa::step1::oracle(), p, variants, o);
+  });
+  const fa::Problem& p = o.problem;
   std::printf("%s: %s  (%.2f GFLOP%s)\n", s.name.c_str(), p.describe().c_str(), p.flops_forward() * 1e-9,
               p.backward ? " forward" : "");
   const int n = p.backward ? 5 : 2;  // O, LSE (, dQ, dK, dV)

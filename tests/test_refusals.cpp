@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <limits>
 #include <new>
 #include <stdexcept>
+#include <thread>
 
 #include "core/dtype.h"
 #include "core/npy.h"
@@ -353,12 +355,22 @@ TEST(Refusals, NpyHeaderPromisingTooMuchIsRefusedBeforeAllocating) {
 TEST(Refusals, ProblemsBeyondTheMachinesMemory) {
   const std::vector<std::string> huge = {"--seq", "2000000", "--heads", "1", "--dim", "1"};
   expect_refused_without_files("step1_cpu_reference", {{huge, "not enough memory for step1_cpu_reference on this "
-                                                               "problem: about "}});
+                                                               "problem (the inputs "}});
   const std::vector<std::string> checked = {"--seq", "200000", "--heads", "1", "--dim", "1", "--check"};
   expect_refused_without_files("step1_cpu_reference", {{checked, "step 1's fp64 reference"}});
   expect_refused_without_files("step2_online_softmax",
                                {{{"--variant", "3pass", "--seq", "2000000", "--heads", "1", "--dim", "1"},
                                  "not enough memory for step2_online_softmax --variant 3pass"}});
+}
+
+// Refused before the inputs are drawn: step 2's every-variant table on --seq 200000 needs 1.1 GiB of inputs
+// and 3pass far more than any machine; the refusal comes with the inputs counted and none of them made.
+TEST(Refusals, MemoryIsRefusedBeforeTheInputsAreMade) {
+  REQUIRE_STEP2_EXECUTABLE();
+  const ProgramResult r = run_program(step2_executable(), {"--seq", "200000"});
+  expect_refused(r, "not enough memory for step2_online_softmax --variant 3pass on this problem (the inputs 1.1 GiB, "
+                    "the run ", "--seq 200000");
+  EXPECT_LT(r.max_rss_kib, 256 * 1024) << "the refused run drew its inputs first";
 }
 
 // Any exception out of a run becomes one line and exit code 2, a failed allocation in words.
@@ -573,6 +585,39 @@ TEST(RunReport, RowsThatSeeNoKeyAreNotNonFinite) {
   r = run_stage_main("step1_cpu_reference", {"--seq", "8", "--heads", "2", "--dim", "4", "--bias",
                                              (d / "bias.npy").string(), "--backward"});
   EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// A stage that sleeps 10 ms a run, whatever the problem: the estimate scales the small problem's time by the
+// work (--seq 16384 is 2048 times Nq 256 x Nk 1024 with 4 heads: about 20 s).
+struct SleepyRunner : Runner {
+  Problem p;
+  explicit SleepyRunner(const Problem& p) : p(p) {}
+  void run() override { std::this_thread::sleep_for(std::chrono::milliseconds(10)); }
+  Outputs outputs() override {
+    Outputs o;
+    o.o = Tensor({p.B, p.Hq, p.Nq, p.d});
+    o.lse = Tensor({p.B, p.Hq, p.Nq});
+    return o;
+  }
+};
+
+TEST(RunReport, ALongCpuRunSaysHowLongFirst) {
+  Stage s;
+  s.name = "sleepy_stage";
+  s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
+  s.make = [](const Problem& p, const Inputs&, const std::string&) -> std::unique_ptr<Runner> {
+    return std::make_unique<SleepyRunner>(p);
+  };
+  const CliResult r = run_main(s, {"--seq", "16384", "--dim", "4"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("sleepy_stage: this will take about ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(" on this CPU (the run "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("measured on Nq 256 x Nk 1024 of the same kind); Ctrl-C stops it\nsleepy_stage: B=1"),
+            std::string::npos)
+      << r.out;
+  // A small problem is not measured, and says nothing of time before it runs.
+  const CliResult small = run_main(s, {"--seq", "64", "--dim", "4"});
+  EXPECT_EQ(small.out.rfind("sleepy_stage: B=1", 0), 0u) << small.out;
 }
 
 // ---- the tour ----------------------------------------------------------------------------------------
