@@ -1,6 +1,10 @@
 // FlashAttention, step by step — core/npy.cpp
 #include "core/npy.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -16,6 +20,20 @@ std::string shape_str(const std::vector<int64_t>& s) {
 }
 
 namespace {
+
+// Writes all `bytes` to fd, retrying short writes and interruptions: "" when done, else the system's reason.
+std::string write_all(int fd, const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::strerror(errno);
+    if (n == 0) return "the write made no progress";
+    p += n;
+    bytes -= size_t(n);
+  }
+  return "";
+}
 
 [[noreturn]] void bad(const std::string& path, const std::string& why) {
   throw std::runtime_error(path + ": not a usable .npy file: " + why);
@@ -53,13 +71,35 @@ std::string make_header(const char* descr, const std::vector<int64_t>& shape) {
   return out + dict;
 }
 
-void write_raw(const std::string& path, const std::string& header, const void* data, size_t bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw std::runtime_error("cannot open " + path + " for writing");
-  f.write(header.data(), std::streamsize(header.size()));
-  f.write(static_cast<const char*>(data), std::streamsize(bytes));
-  f.close();
-  if (!f) throw std::runtime_error("write to " + path + " failed (disk full?)");
+// The temporary name a file is written under before it is renamed into place: in the same directory (a
+// rename within one file system is atomic), and apart from another process writing the same file.
+std::string temporary_name(const std::string& path) { return path + ".tmp" + std::to_string(::getpid()); }
+
+// Writes header and data to `tmp` (created or truncated), every byte checked: a short write or a failed close
+// (where a full disk can first show, on a network file system) throws, naming `shown` (the file the caller
+// asked for) and the system's reason ("No space left on device"); `tmp` is then removed.
+void write_raw(const std::string& tmp, const std::string& shown, const std::string& header, const void* data,
+               size_t bytes) {
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) throw std::runtime_error("cannot write " + shown + ": " + std::strerror(errno));
+  std::string why = write_all(fd, header.data(), header.size());
+  if (why.empty()) why = write_all(fd, data, bytes);
+  if (::close(fd) != 0 && why.empty()) why = std::strerror(errno);
+  if (!why.empty()) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write " + shown + ": " + why);
+  }
+}
+
+// Writes `path` whole or not at all: to a temporary name first, renamed into place once every byte is written.
+void write_whole(const std::string& path, const std::string& header, const void* data, size_t bytes) {
+  const std::string tmp = temporary_name(path);
+  write_raw(tmp, path, header, data, bytes);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + why);
+  }
 }
 
 }  // namespace
@@ -127,29 +167,29 @@ Tensor read_npy(const std::string& path) {
 }
 
 void write_npy(const std::string& path, const Tensor& t) {
-  write_raw(path, make_header("<f4", t.shape), t.data.data(), t.data.size() * sizeof(float));
+  write_whole(path, make_header("<f4", t.shape), t.data.data(), t.data.size() * sizeof(float));
 }
 
 void write_npy_u8(const std::string& path, const std::vector<int64_t>& shape, const std::vector<uint8_t>& data) {
-  write_raw(path, make_header("|u1", shape), data.data(), data.size());
+  write_whole(path, make_header("|u1", shape), data.data(), data.size());
 }
 
 void AtomicFileSet::add_f32(const std::string& path, const Tensor& t) {
-  tmp_.push_back(path + ".tmp");
+  tmp_.push_back(temporary_name(path));
   final_.push_back(path);
-  write_npy(tmp_.back(), t);
+  write_raw(tmp_.back(), path, make_header("<f4", t.shape), t.data.data(), t.data.size() * sizeof(float));
 }
 
 void AtomicFileSet::add_u8(const std::string& path, const std::vector<int64_t>& shape, const std::vector<uint8_t>& d) {
-  tmp_.push_back(path + ".tmp");
+  tmp_.push_back(temporary_name(path));
   final_.push_back(path);
-  write_npy_u8(tmp_.back(), shape, d);
+  write_raw(tmp_.back(), path, make_header("|u1", shape), d.data(), d.size());
 }
 
 void AtomicFileSet::commit() {
   for (size_t i = 0; i < tmp_.size(); ++i)
     if (std::rename(tmp_[i].c_str(), final_[i].c_str()) != 0)
-      throw std::runtime_error("cannot rename " + tmp_[i] + " to " + final_[i]);
+      throw std::runtime_error("cannot write " + final_[i] + ": " + std::strerror(errno));
   tmp_.clear();
   final_.clear();
 }

@@ -10,13 +10,14 @@
 
 namespace fa {
 
-// Throws std::runtime_error naming the file and what is wrong with it.
+// Throws std::runtime_error naming the file and what is wrong with it. A write that cannot be completed (a
+// full disk) leaves no file and keeps what was there: "cannot write DIR/o.npy: No space left on device".
 Tensor read_npy(const std::string& path);
 void write_npy(const std::string& path, const Tensor& t);
 void write_npy_u8(const std::string& path, const std::vector<int64_t>& shape, const std::vector<uint8_t>& data);
 
-// Writes several files so that either all of them appear or none: each goes to "<name>.tmp" first, and
-// only when every write succeeded are they renamed into place.
+// Writes several files so that either all of them appear or none: each goes to a temporary name in its
+// directory first ("<name>.tmp<pid>"), and only when every write succeeded are they renamed into place.
 class AtomicFileSet {
  public:
   void add_f32(const std::string& path, const Tensor& t);

@@ -3,6 +3,7 @@
 
 #include "core/score_mod.h"
 
+#include <charconv>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -40,11 +41,12 @@ double Problem::flops_forward() const {
   return causal ? f / 2 : f;
 }
 
-// A number as a person would type it: "0.5", "-1", "inf", "nan".
-static std::string number_str(double x) {
-  std::ostringstream s;
-  s << x;
-  return s.str();
+std::string float_str(float x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  char buf[32];
+  const auto [end, error] = std::to_chars(buf, buf + sizeof buf, x);
+  return error == std::errc() ? std::string(buf, end) : "?";
 }
 
 void Problem::validate() const {
@@ -59,13 +61,13 @@ void Problem::validate() const {
     fail("sequence lengths must be positive (got Nq=" + std::to_string(Nq) + ", Nk=" + std::to_string(Nk) + ")");
   if (d <= 0) fail("head dim must be positive (got " + std::to_string(d) + ")");
   if (!(dropout >= 0.0f && dropout < 1.0f))
-    fail("dropout must be in [0, 1) (got " + number_str(dropout) + ")");
+    fail("dropout must be in [0, 1) (got " + float_str(dropout) + ")");
   // The softmax's temperature: a positive, finite factor (step 4's kernels keep the running max in raw score
   // units, which is right only for a positive scale; inf or NaN would turn every row into NaN).
   if (!(scale > 0.0f && std::isfinite(scale)))
-    fail("scale must be a positive finite number (got " + number_str(scale) + ")");
+    fail("scale must be a positive finite number (got " + float_str(scale) + ")");
   if (!(softcap >= 0.0f && std::isfinite(softcap)))
-    fail("softcap must be a positive finite number, or 0 for none (got " + number_str(softcap) + ")");
+    fail("softcap must be a positive finite number, or 0 for none (got " + float_str(softcap) + ")");
   if (window_left < -1 || window_right < -1)
     fail("window sides must be -1 (unbounded) or a number of keys >= 0 (got " + std::to_string(window_left) + "," +
          std::to_string(window_right) + ")");
@@ -82,7 +84,7 @@ std::string Problem::describe() const {
   s << "B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " Nq=" << Nq << " Nk=" << Nk << " d=" << d
     << " " << dtype_name(dtype) << (causal ? " causal input_pos=" + std::to_string(input_pos) : "")
     << " scale=" << scale;
-  if (dropout > 0) s << " dropout=" << dropout << " seed=" << seed;
+  if (dropout > 0) s << " dropout=" << float_str(dropout) << " seed=" << seed;
   if (splits > 0) s << " splits=" << splits;
   if (has_window()) s << " window=" << window_left << "," << window_right << (causal ? "" : " input_pos=" + std::to_string(input_pos));
   if (bias) s << " +bias";

@@ -18,6 +18,10 @@ enum class DType { fp32, fp16, bf16 };
 const char* dtype_name(DType t);
 DType parse_dtype(const std::string& s);  // throws std::invalid_argument
 
+// The shortest text that reads back as x ("0.1", "0.99999994", "-3", "inf"): a value shown in a message
+// or a description is the value used, never one rounded into another (0.99999994 shown as "1").
+std::string float_str(float x);
+
 struct Problem {
   int64_t B = 1, Hq = 8, Hkv = 8;  // batch, query heads, key/value heads
   int64_t Nq = 1024, Nk = 1024;    // query and key sequence lengths

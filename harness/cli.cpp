@@ -1,15 +1,19 @@
 // FlashAttention, step by step — harness/cli.cpp
 #include "harness/cli.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -21,6 +25,7 @@
 #include "core/host_memory.h"
 #include "core/npy.h"
 #include "core/random.h"
+#include "core/score_mod.h"
 
 namespace fa {
 
@@ -41,6 +46,28 @@ CLI::Validator whole_number(uint64_t lo, uint64_t hi) {
       "", "whole_number");
 }
 
+// --dropout's check, on the flag's text before CLI11 converts it to a float: a value below 1 that float32
+// rounds to 1 (0.999999999) would otherwise be refused as "(got 1)", a number nobody typed.
+static CLI::Validator dropout_probability() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size()) return "";  // not a number: CLI11 says so
+        if (!(v >= 0.0 && v < 1.0)) return "must be in [0, 1) (got " + text + ")";
+        if (float(v) >= 1.0f)
+          return "must be in [0, 1): " + text + " rounds to 1 in float32 (the largest usable value is " +
+                 float_str(std::nextafter(1.0f, 0.0f)) + ")";
+        return "";
+      },
+      "", "dropout_probability");
+}
+
+const char* const kExitCodes =
+    "Exit codes: 0 done; 1 --check found an output outside the tolerance; 2 bad input or a file that could not "
+    "be written (one line on stderr; nothing run, or no file left half-written); 3 an output is NaN or "
+    "infinite (one line on stderr).";
+
 void add_common_options(CLI::App& app, CommonOptions& o) {
   Problem& p = o.problem;
   auto dflt = [](int64_t v) { return " (default " + std::to_string(v) + ")"; };
@@ -58,7 +85,9 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--dtype", o.dtype, "storage type of Q, K, V, O: bf16 | fp16 | fp32")
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
       ->capture_default_str();
-  app.add_option("--dropout", p.dropout, "dropout probability p in [0, 1)")->capture_default_str();
+  app.add_option("--dropout", p.dropout, "dropout probability p in [0, 1)")
+      ->check(dropout_probability())
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the random inputs and the dropout mask" + dflt(int64_t(p.seed)))
       ->check(whole_number(0, std::numeric_limits<uint64_t>::max()));
   app.add_flag("--backward", p.backward, "also run the backward pass (stages that have one)");
@@ -88,6 +117,7 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
                  "with --bench: also time VARIANT of this stage on the same inputs, alternating with the main run "
                  "in rounds, and record both (a same-run comparison)");
   app.add_flag("--tuned", o.tuned, "run the configuration step 6 tuned for this GPU and problem (tunes it once)");
+  app.footer(kExitCodes);
 }
 
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const std::string& program) {
@@ -104,8 +134,9 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, cons
 
 std::vector<std::string> flags_given(const CLI::App& app) {
   std::vector<std::string> given;
+  // From the long name, not get_name(): that is "" for an option kept out of --help (the tour's).
   for (const CLI::Option* opt : app.get_options())
-    if (opt->count() > 0) given.push_back(opt->get_name());
+    if (opt->count() > 0) given.push_back(opt->get_lnames().empty() ? opt->get_name() : "--" + opt->get_lnames()[0]);
   return given;
 }
 
@@ -228,10 +259,12 @@ static Tensor load_bias(const std::string& path, const Problem& p) {
   const std::vector<int64_t>& s = t.shape;
   const bool fits = s.size() == 4 && (s[0] == p.B || s[0] == 1) && (s[1] == p.Hq || s[1] == 1) && s[2] == p.Nq &&
                     s[3] == p.Nk;
+  // A dimension the bias may broadcast over reads "4 or 1"; one that is already 1 reads "1".
+  auto or_one = [](int64_t n) { return std::to_string(n) + (n == 1 ? "" : " or 1"); };
   if (!fits)
     throw std::invalid_argument("--bias: " + path + " has shape " + shape_str(s) + "; this problem needs [" +
-                                std::to_string(p.B) + " or 1, " + std::to_string(p.Hq) + " or 1, " +
-                                std::to_string(p.Nq) + ", " + std::to_string(p.Nk) + "]");
+                                or_one(p.B) + ", " + or_one(p.Hq) + ", " + std::to_string(p.Nq) + ", " +
+                                std::to_string(p.Nk) + "]");
   for (size_t k = 0; k < t.size(); ++k)
     if (std::isnan(t.data[k]) || t.data[k] == std::numeric_limits<float>::infinity())
       throw std::invalid_argument("--bias: " + path + ": element " + index_str(s, k) + " is " +
@@ -264,7 +297,7 @@ static std::string shape_flags_given(const CommonOptions& o) {
   return given;
 }
 
-Inputs prepare_inputs(CommonOptions& o) {
+Inputs prepare_inputs(CommonOptions& o, const BeforeInputs& before_inputs) {
   Problem& p = o.problem;
   p.dtype = parse_dtype(o.dtype);
   p.seed = o.seed.value_or(p.seed);
@@ -283,8 +316,10 @@ Inputs prepare_inputs(CommonOptions& o) {
     p.window_left = lr[0];
     p.window_right = lr[1];
   }
-  if (o.softcap) {
-    if (*o.softcap == 0.0f) throw std::invalid_argument("--softcap 0 caps nothing: give a positive cap, or drop --softcap");
+  if (o.softcap) {  // 0 would mean "no cap" inside a Problem; on the command line, no cap is no --softcap
+    if (!(*o.softcap > 0.0f && std::isfinite(*o.softcap)))
+      throw std::invalid_argument("--softcap: the cap must be a positive finite number (got " + float_str(*o.softcap) +
+                                  "); for no cap, drop --softcap");
     p.softcap = *o.softcap;
   }
   if (o.input_pos && !p.causal && !p.has_window() && !p.alibi)
@@ -341,8 +376,10 @@ Inputs prepare_inputs(CommonOptions& o) {
     if (!p.alibi) throw std::invalid_argument("--alibi-slopes gives ALiBi's slopes: add --alibi, or drop --alibi-slopes");
     in.alibi_slopes = load_slopes(o.alibi_slopes_file, p);
   }
+  const double to_draw = o.inputs_dir.empty() ? input_elements(p) * sizeof(float) : 0.0;
+  if (before_inputs) before_inputs(p, to_draw);
   if (o.inputs_dir.empty()) {
-    require_host_memory(input_elements(p) * sizeof(float), "the random inputs");
+    require_host_memory(to_draw, "the random inputs");
     Tensor bias = std::move(in.bias), slopes = std::move(in.alibi_slopes);
     in = random_inputs(p);
     in.bias = std::move(bias);
@@ -352,16 +389,98 @@ Inputs prepare_inputs(CommonOptions& o) {
 }
 
 void require_memory_for(const Stage& s, const Oracle& oracle, const Problem& p, const std::string& variant,
-                        bool check) {
+                        bool check, double input_bytes) {
   // A stage that does not count its own buffers holds at least its outputs; outputs() hands a copy back.
   const double run = (s.host_bytes ? s.host_bytes(p, variant) : output_elements(p) * sizeof(float)) +
                      output_elements(p) * sizeof(float);
   const double reference = check && oracle.host_bytes ? oracle.host_bytes(p) : 0.0;
+  std::string parts;  // what the total is made of, when it is more than the run
+  if (input_bytes > 0) parts += "the inputs " + memory_str(input_bytes) + ", ";
+  if (!parts.empty() || reference > 0) parts += "the run " + memory_str(run);
+  if (reference > 0) parts += ", step 1's fp64 reference " + memory_str(reference);
   const std::string what = s.name + (variant.empty() ? "" : " --variant " + variant) + " on this problem" +
-                           (reference > 0 ? " with --check (the run " + memory_str(run) +
-                                                ", step 1's fp64 reference " + memory_str(reference) + ")"
-                                          : "");
-  require_host_memory(run + reference, what);
+                           (reference > 0 ? " with --check" : "") + (parts.empty() ? "" : " (" + parts + ")");
+  require_host_memory(input_bytes + run + reference, what);
+}
+
+// ---- how long a CPU run will take ----------------------------------------------------------------
+
+// Above this, a CPU run says how long it will take before it starts.
+constexpr double kAnnounceSeconds = 5;
+
+// The problem a CPU stage's rate is measured on: p's kind (dtype, mask, modifiers, dropout, backward) at a
+// size that runs in a fraction of a second, with a few heads to keep the threads busy. No bias: the small
+// problem has no bias tensor, and a bias costs one addition per score.
+static Problem small_problem_like(const Problem& p) {
+  Problem q = p;
+  q.B = 1;
+  q.Hkv = std::min<int64_t>(p.Hkv, 4);
+  q.Hq = q.Hkv * std::min<int64_t>(p.group(), 4);
+  q.Nq = std::min<int64_t>(p.Nq, 256);
+  q.Nk = std::min<int64_t>(p.Nk, 1024);
+  q.input_pos = q.Nk - q.Nq;
+  q.bias = false;
+  q.splits = 0;
+  return q;
+}
+
+static double dense_work(const Problem& p) { return double(p.B) * double(p.Hq) * double(p.Nq) * double(p.Nk) * double(p.d); }
+
+static std::string duration_str(double seconds) {
+  char buf[32];
+  if (seconds < 90) std::snprintf(buf, sizeof buf, "%.0f s", seconds);
+  else if (seconds < 90 * 60) std::snprintf(buf, sizeof buf, "%.0f min", seconds / 60);
+  else std::snprintf(buf, sizeof buf, "%.1f h", seconds / 3600);
+  return buf;
+}
+
+void announce_long_cpu_run(const Stage& s, const Oracle& oracle, const Problem& p,
+                           const std::vector<std::string>& variants, const CommonOptions& o) {
+  if (s.gpu() || variants.empty()) return;
+  const Problem q = small_problem_like(p);
+  // A problem not much larger than the small one runs about as quickly as measuring it would.
+  if (dense_work(p) < 16 * dense_work(q)) return;
+  // How often a run does each pass: once, and with --bench a warm-up, one timed run and at least three more
+  // (eval.cpp's time_runner), three rounds of them with --bench-against, for each of the two variants.
+  const int bench_runs = o.bench ? 5 * (o.bench_against.empty() ? 1 : 6) : 0;
+  const double fwd_runs = 1 + bench_runs + (o.bench && p.backward ? bench_runs / 5 : 0);
+  const double bwd_runs = p.backward ? 1 + bench_runs : 0;
+  using clock = std::chrono::steady_clock;
+  auto seconds_since = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  const Inputs in = random_inputs(q);
+  // The stage's time scales with its FLOPs (a stage that skips masked tiles skips them in both); step 1's
+  // fp64 reference materialises every score, so its time scales with the dense work.
+  const double flop_ratio = p.flops_forward() / q.flops_forward(), dense_ratio = dense_work(p) / dense_work(q);
+  double run_s = 0, check_s = 0;
+  for (const std::string& v : variants) {
+    const auto runner = s.make(q, in, v);
+    auto t0 = clock::now();
+    runner->run();
+    run_s += fwd_runs * seconds_since(t0) * flop_ratio;
+    if (p.backward) {
+      t0 = clock::now();
+      runner->run_backward();
+      run_s += bwd_runs * seconds_since(t0) * flop_ratio;
+    }
+    if (o.check) {
+      t0 = clock::now();
+      (void)oracle.exact(q, in);
+      (void)oracle.naive_low_precision(q, in);
+      check_s += seconds_since(t0) * dense_ratio;
+    }
+  }
+  if (run_s + check_s <= kAnnounceSeconds) return;
+  const double flops = fwd_runs * p.flops_forward() + bwd_runs * p.flops_backward();
+  char rate[64];
+  std::snprintf(rate, sizeof rate, "%.1f GFLOP/s", double(variants.size()) * flops / run_s * 1e-9);
+  const std::string who = s.name + (variants.size() > 1 ? " (" + std::to_string(variants.size()) + " variants)"
+                                                        : variants[0].empty() ? "" : " --variant " + variants[0]);
+  std::printf("%s: this will take about %s on this CPU (the run %s at %s%s; measured on Nq %lld x Nk %lld of the "
+              "same kind); Ctrl-C stops it\n",
+              who.c_str(), duration_str(run_s + check_s).c_str(), duration_str(run_s).c_str(), rate,
+              check_s > 0 ? (", step 1's fp64 check " + duration_str(check_s)).c_str() : "", (long long)q.Nq,
+              (long long)q.Nk);
+  std::fflush(stdout);
 }
 
 static void print_check(const CheckReport& r) {
@@ -379,10 +498,84 @@ static void print_check(const CheckReport& r) {
   }
 }
 
+// Appends one record to --json FILE as one whole line or not at all. The line is built in memory and written
+// with O_APPEND, every byte checked; when a write or the close fails (a full disk), the file is truncated
+// back to its size before (or removed, if this run created it), so that a reader of the records never meets
+// a half line, and the error names the file and says what was left.
 static void append_json(const std::string& file, const nlohmann::json& rec) {
-  std::ofstream f(file, std::ios::app);
-  if (!f) throw std::runtime_error("cannot open " + file + " for appending");
-  f << rec.dump() << "\n";
+  const std::string line = rec.dump() + "\n";
+  struct stat before;
+  const bool existed = stat(file.c_str(), &before) == 0;
+  const int fd = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) throw std::runtime_error("--json: cannot append to " + file + ": " + std::strerror(errno));
+  std::string why;
+  for (size_t done = 0; done < line.size() && why.empty();) {
+    const ssize_t n = ::write(fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) why = n < 0 ? std::strerror(errno) : "the write made no progress";
+    else done += size_t(n);
+  }
+  if (::close(fd) != 0 && why.empty()) why = std::strerror(errno);
+  if (why.empty()) return;
+  std::string left;  // what the failed append left of the file
+  if (!existed) left = std::remove(file.c_str()) == 0 ? "no file was created" : file + " may hold a partial line";
+  else if (!S_ISREG(before.st_mode)) left = "nothing to restore (not a regular file)";
+  else if (::truncate(file.c_str(), before.st_size) == 0) left = file + " is as it was";
+  else left = file + " may end in a partial line (" + std::strerror(errno) + ")";
+  throw std::runtime_error("--json: cannot append to " + file + ": " + why + "; " + left);
+}
+
+// Does row i of head (b, h) see any key? The mask (causal, window) leaves a band of keys per row; a -inf
+// bias can mask the rest. A row that sees none has LSE = -inf (and O = 0) by the convention.
+static bool row_sees_a_key(const Problem& p, const Inputs& in, int64_t b, int64_t h, int64_t i) {
+  int64_t lo, hi;
+  visible_range(score_mod_of(p), p.Nk, i, &lo, &hi);
+  if (lo > hi) return false;
+  if (!p.bias || in.bias.empty()) return true;
+  const std::vector<int64_t>& bs = in.bias.shape;  // [B or 1, Hq or 1, Nq, Nk]
+  const float* row = in.bias.data.data() + size_t(((bs[0] == 1 ? 0 : b) * bs[1] + (bs[1] == 1 ? 0 : h)) * bs[2] + i) * size_t(bs[3]);
+  for (int64_t j = lo; j <= hi; ++j)
+    if (row[j] != -std::numeric_limits<float>::infinity()) return true;
+  return false;
+}
+
+std::string nonfinite_outputs(const Problem& p, const Inputs& in, const Outputs& out) {
+  const std::pair<const char*, const Tensor*> all[] = {{"O", &out.o},   {"LSE", &out.lse}, {"dQ", &out.dq},
+                                                       {"dK", &out.dk}, {"dV", &out.dv},   {"dBias", &out.dbias}};
+  const int n = p.backward ? (p.bias ? 6 : 5) : 2;
+  std::string said;
+  for (int k = 0; k < n; ++k) {
+    const Tensor& t = *all[k].second;
+    const bool lse = k == 1;
+    size_t nan = 0, inf = 0, first = t.size();
+    for (size_t e = 0; e < t.size(); ++e) {
+      const float x = t.data[e];
+      bool bad = std::isnan(x) || (std::isinf(x) && !lse);
+      if (lse && std::isinf(x)) {  // -inf only where the row sees no key; +inf never
+        const int64_t i = int64_t(e % size_t(p.Nq)), bh = int64_t(e / size_t(p.Nq));
+        bad = x > 0 || row_sees_a_key(p, in, bh / p.Hq, bh % p.Hq, i);
+      }
+      if (!bad) continue;
+      (std::isnan(x) ? nan : inf) += 1;
+      first = std::min(first, e);
+    }
+    if (nan + inf == 0) continue;
+    std::string counts = nan ? std::to_string(nan) + " NaN" : "";
+    if (inf) counts += (nan ? " and " : "") + std::to_string(inf) + (lse ? " infinite (in rows that see keys)" : " infinite");
+    said += (said.empty() ? "" : ", ") + std::string(all[k].first) + " holds " + counts + " of " +
+            std::to_string(t.size()) + " (the first at " + index_str(t.shape, first) + ")";
+  }
+  if (said.empty()) return "";
+  // The likely cause, when the inputs can make one: a score q.k beyond float32's range.
+  float q_max = 0, k_max = 0;
+  for (const float x : in.q.data) q_max = std::max(q_max, std::abs(x));
+  for (const float x : in.k.data) k_max = std::max(k_max, std::abs(x));
+  const double bound = double(p.scale) * double(q_max) * double(k_max) * double(p.d);
+  char why[160] = "";
+  if (bound > double(std::numeric_limits<float>::max()) / 16)  // sums and exp differences overflow before the max
+    std::snprintf(why, sizeof why, "; |scale * q.k| can reach %.1e here, beyond float32's %.1e: scale the inputs down",
+                  bound, double(std::numeric_limits<float>::max()));
+  return said + why;
 }
 
 constexpr int64_t kMaxDumpedMask = int64_t(1) << 26;
@@ -433,17 +626,20 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
     return 0;
   }
   check_common_flags(s, o);
-  Inputs in = prepare_inputs(o);
-  Problem& p = o.problem;
   std::string variant = o.variant.empty() ? (s.variants.empty() ? "" : s.variants[0]) : o.variant;
-  if (const std::string why = s.unsupported(p, variant); !why.empty())
-    throw std::invalid_argument(s.name + " cannot run this problem: " + why);
-  if (s.platform)
-    if (const std::string why = s.platform->unavailable_reason(); !why.empty())
-      throw std::runtime_error(s.name + " needs a CUDA GPU: " + why);
-  // Before tuning, which takes a while: the stages with configurations run on a GPU, and what they need of
-  // the host does not depend on the configuration.
-  require_memory_for(s, oracle, p, variant, o.check);
+  // What cannot run is refused, and a long run announced, before the inputs take their memory and time.
+  Inputs in = prepare_inputs(o, [&](const Problem& p, double input_bytes) {
+    if (const std::string why = s.unsupported(p, variant); !why.empty())
+      throw std::invalid_argument(s.name + " cannot run this problem: " + why);
+    if (s.platform)
+      if (const std::string why = s.platform->unavailable_reason(); !why.empty())
+        throw std::runtime_error(s.name + " needs a CUDA GPU: " + why);
+    // Before tuning, which takes a while: the stages with configurations run on a GPU, and what they need of
+    // the host does not depend on the configuration.
+    require_memory_for(s, oracle, p, variant, o.check, input_bytes);
+    announce_long_cpu_run(s, oracle, p, {variant}, o);
+  });
+  Problem& p = o.problem;
   if (o.tuned) variant = o.tuner(s, p);
   std::printf("%s%s%s: %s\n", s.name.c_str(), variant.empty() ? "" : " --variant ", variant.c_str(),
               p.describe().c_str());
@@ -453,6 +649,7 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
   if (p.backward) runner->run_backward();
   const Outputs out = runner->outputs();
   const double run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const std::string nonfinite = nonfinite_outputs(p, in, out);
   if (!o.check && !o.bench) {
     print_outputs(out, p.backward);
     std::printf("  one run, not warmed up: %.3f ms\n", run_ms);
@@ -521,6 +718,7 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
   if (p.alibi) rec["alibi"] = o.alibi_slopes_file.empty() ? std::string("standard") : o.alibi_slopes_file;
   if (p.softcap > 0) rec["softcap"] = p.softcap;
   if (p.has_window()) rec["window"] = {p.window_left, p.window_right};
+  if (!nonfinite.empty()) rec["nonfinite"] = true;
   for (const auto& [k, v] : o.record_extra) rec[k] = v;
   if (!o.dump_dir.empty()) {
     AtomicFileSet files;
@@ -545,6 +743,12 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
                   (long long)(p.B * p.Hq * p.Nq * p.Nk), (long long)kMaxDumpedMask);
   }
   if (!o.json_file.empty()) append_json(o.json_file, rec);
+  // Last, so that the dump and the record (which say so) are there to look at.
+  if (!nonfinite.empty()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: the outputs are not finite: %s\n", s.name.c_str(), nonfinite.c_str());
+    return kExitNonFinite;
+  }
   return rc;
 }
 

@@ -77,20 +77,50 @@ void check_command_line(const CLI::App& app, const CommonOptions& o);
 // --backward for a stage without one, a --dump directory or --json file that cannot be written.
 void check_common_flags(const Stage& s, const CommonOptions& o);
 
+// Called by prepare_inputs() once the problem is resolved and valid, before any random input is drawn, with
+// the bytes the random inputs will take (0 with --inputs, whose files are read first: they set the shape).
+// A program refuses there what cannot run (require_memory_for) and says how long a long run will take,
+// before the inputs' memory and time are spent.
+using BeforeInputs = std::function<void(const Problem& p, double input_bytes)>;
+
 // Resolves defaults (input_pos = Nk - Nq, scale = 1/sqrt(d)), reads --inputs or draws random inputs,
 // validates. Refuses shape flags beside --inputs (the files set the shape), --input-pos without --causal,
 // and non-finite input values (or values the dtype rounds to infinity), naming the file and the element.
 // Throws std::invalid_argument / std::runtime_error with a clear message.
-Inputs prepare_inputs(CommonOptions& o);
+Inputs prepare_inputs(CommonOptions& o, const BeforeInputs& before_inputs = {});
 
 // Throws std::runtime_error when running `variant` of s on p (and, with `check`, the oracle's fp64
-// reference) needs more host memory than the machine has available, saying how much of each.
+// reference), with `input_bytes` of inputs still to be made, needs more host memory than the machine has
+// available, saying how much of each.
 void require_memory_for(const Stage& s, const Oracle& oracle, const Problem& p, const std::string& variant,
-                        bool check);
+                        bool check, double input_bytes = 0);
+
+// For a CPU stage and a problem large enough to matter: prints one line saying about how long running each
+// of `variants` of s on p will take, as o asks (--check's fp64 reference, --bench's repeated runs), when that
+// is more than a few seconds. The rate is measured on a small problem of the same kind (a fraction of a
+// second); a GPU stage, or a run estimated shorter, prints nothing.
+void announce_long_cpu_run(const Stage& s, const Oracle& oracle, const Problem& p,
+                           const std::vector<std::string>& variants, const CommonOptions& o);
+
+// Exit code 3: a run whose outputs hold a NaN, or an infinity where none belongs (every O and gradient
+// element is finite; LSE is -inf only for a row that sees no key). Distinct from 1 (--check failed) and
+// 2 (bad input, a failed write).
+constexpr int kExitNonFinite = 3;
+
+// "" when the outputs of a run of p are all finite (LSE may be -inf where the row sees no key), else what is
+// not: each output with its counts and first bad element ("O holds 28 NaN of 32 (the first at [0, 0, 0, 0])"),
+// and the likely cause when the inputs can make one (scores beyond float32's range).
+std::string nonfinite_outputs(const Problem& p, const Inputs& in, const Outputs& out);
+
+// The --help text on exit codes (CLI11's footer), set by add_common_options().
+extern const char* const kExitCodes;
 
 // Runs one stage as its executable does: check (against `oracle`), bench, dump, json; a run with neither
 // --check nor --bench prints what it computed (shapes, checksums, first values, its time). Returns the
-// process exit code; bad input throws std::invalid_argument / std::runtime_error.
+// process exit code (0, 1 for a failed check, kExitNonFinite for NaN or infinite outputs, said on stderr);
+// bad input, or a --dump or --json file that cannot be written, throws std::invalid_argument /
+// std::runtime_error. The files are written whole or not at all: a --json record is one whole line or
+// nothing (a failed append is truncated back), --dump's files all appear or none.
 int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o);
 
 // Call inside a catch (...) block: reports the exception being handled as one line on stderr,

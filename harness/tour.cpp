@@ -27,12 +27,34 @@ int print_gpu_status() {
   return 0;
 }
 
+// The flags of a stage's own executable, which mean nothing here: the tour runs every stage and variant,
+// checked against step 1 and timed once. They are kept out of --help and refused with that reason.
+const char* const kStageOnlyFlags[] = {"--variant", "--check",         "--bench",        "--bench-against",
+                                       "--dump",    "--json",          "--list-variants"};
+
+// Why variant v of s is not run on ps, in the tour's terms: a variant without a backward says which of
+// the stage's variants have one (their rows run it), where the stage's own message would advise a
+// --variant that the tour does not take.
+std::string skip_reason(const fa::Stage& s, const fa::Problem& ps, const std::string& v) {
+  const std::string why = s.unsupported(ps, v);
+  fa::Problem forward = ps;
+  forward.backward = false;
+  if (why.empty() || !ps.backward || !s.unsupported(forward, v).empty()) return why;
+  std::string with;
+  for (const std::string& other : s.variants)
+    if (s.unsupported(ps, other).empty()) with += (with.empty() ? "" : ", ") + other;
+  return "no backward pass in this variant" + (with.empty() ? std::string() : " (the rows of " + with + " run it)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"flashattention_tour: run every stage on its default problem, check it and time it"};
   fa::CommonOptions o;
   fa::add_common_options(app, o);
+  for (const char* flag : kStageOnlyFlags) app.get_option(flag)->group("");  // "": left out of --help
+  app.footer("Exit codes: 0 every stage that ran passed its check; 1 a stage failed its check or could not run "
+             "(its row says why); 2 bad input (one line on stderr, nothing run).");
   bool gpu_status = false;
   app.add_flag("--gpu-status", gpu_status,
                "print the GPU the GPU stages run on (exit 0) or why they cannot run here (exit 1); run nothing");
@@ -42,12 +64,11 @@ int main(int argc, char** argv) {
       fa::refuse_flags_beside(app, "--gpu-status", {}, "prints one line and runs nothing");
       return print_gpu_status();
     }
-    // The flags of one stage's own executable mean nothing here: the tour runs every stage and variant.
     for (const std::string& f : fa::flags_given(app))
-      if (f == "--variant" || f == "--dump" || f == "--bench" || f == "--json" || f == "--list-variants" ||
-          f == "--bench-against")
-        throw std::invalid_argument(f + " is a flag of a stage's own executable (the tour runs every stage and "
-                                    "variant, checked and timed once): drop " + f);
+      for (const char* flag : kStageOnlyFlags)
+        if (f == flag)
+          throw std::invalid_argument(f + " is a flag of a stage's own executable (the tour runs every stage and "
+                                      "variant, checked against step 1 and timed once): drop " + f);
     o.check = true;
     o.tuner = fa::tuned_variant;  // --tuned: the stages with configurations run step 6's choice
     const fa::Inputs in = fa::prepare_inputs(o);
@@ -70,13 +91,22 @@ int main(int argc, char** argv) {
         variants = {o.tuner(s, ps)};
       }
       for (const std::string& v : variants) {
+        // A long CPU row says how long before it starts (the check and the timed runs included).
+        if (!s.gpu() && skip_reason(s, ps, v).empty()) {
+          fa::CommonOptions as_run = o;
+          as_run.bench = true;
+          try {
+            fa::announce_long_cpu_run(s, fa::reference_oracle(), ps, {v}, as_run);
+          } catch (const std::exception&) {  // the row's own error, which the row reports when it runs
+          }
+        }
         std::printf("%-34s %-32s ", s.name.c_str(), v.c_str());
         std::fflush(stdout);
         if (!unavailable.empty()) {
           std::printf("skipped: %s\n", unavailable.c_str());
           break;
         }
-        if (const std::string why = s.unsupported(ps, v); !why.empty()) {
+        if (const std::string why = skip_reason(s, ps, v); !why.empty()) {
           std::printf("skipped: %s\n", why.c_str());
           continue;
         }

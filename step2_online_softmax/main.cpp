@@ -42,12 +42,16 @@ int run_all(const fa::Stage& s, fa::CommonOptions& o, const fa::step2::Config& c
   fa::check_common_flags(s, o);  // --bench-against needs --bench, no --tuned, ...
   if (!o.bench_against.empty())
     throw std::invalid_argument("--bench-against times one variant against another: add --variant");
-  const fa::Inputs in = fa::prepare_inputs(o);
-  const fa::Problem& p = o.problem;
   std::vector<std::string> variants;
-  for (const std::string& v : s.variants)
-    if (s.unsupported(p, v).empty()) variants.push_back(v);
-  for (const std::string& v : variants) fa::require_memory_for(s, fa::step1::oracle(), p, v, o.check);
+  // Each variant runs alone, so the largest need counts; refused, and a long run announced, before the inputs
+  // take their memory and time.
+  const fa::Inputs in = fa::prepare_inputs(o, [&](const fa::Problem& p, double input_bytes) {
+    for (const std::string& v : s.variants)
+      if (s.unsupported(p, v).empty()) variants.push_back(v);
+    for (const std::string& v : variants) fa::require_memory_for(s, fa::step1::oracle(), p, v, o.check, input_bytes);
+    fa::announce_long_cpu_run(s, fa::step1::oracle(), p, variants, o);
+  });
+  const fa::Problem& p = o.problem;
   std::printf("%s: %s  (%.2f GFLOP%s)\n", s.name.c_str(), p.describe().c_str(), p.flops_forward() * 1e-9,
               p.backward ? " forward" : "");
   const int n = p.backward ? 5 : 2;  // O, LSE (, dQ, dK, dV)
@@ -55,6 +59,7 @@ int run_all(const fa::Stage& s, fa::CommonOptions& o, const fa::step2::Config& c
   if (p.backward) std::printf(" %-9s %12s %12s %12s", "backward", "max|dQ| err", "max|dK| err", "max|dV| err");
   std::printf(" %6s %11s %9s%s\n", "check", "time [ms]", "GFLOP/s", p.backward ? "  bwd [ms]  GFLOP/s" : "");
   int failures = 0;
+  std::string nonfinite, first_nonfinite;  // the variants whose outputs hold NaN or an infinity; the first's details
   for (const std::string& v : variants) {
     std::printf("%-8s %-20s ", v.c_str(), blocks_of(v, cfg, p.d, p.Nk).c_str());
     std::fflush(stdout);
@@ -62,7 +67,12 @@ int run_all(const fa::Stage& s, fa::CommonOptions& o, const fa::step2::Config& c
     runner->run();
     if (p.backward) runner->run_backward();
     fa::CheckReport r;
-    if (o.check) r = fa::check_against(fa::step1::oracle(), p, in, runner->outputs());
+    const fa::Outputs out = runner->outputs();
+    if (const std::string why = fa::nonfinite_outputs(p, in, out); !why.empty()) {
+      if (nonfinite.empty()) first_nonfinite = v + ": " + why;
+      nonfinite += (nonfinite.empty() ? "" : ", ") + v;
+    }
+    if (o.check) r = fa::check_against(fa::step1::oracle(), p, in, out);
     for (int k = 0; k < n; ++k) {
       if (k == 2) {
         fa::step2::Order order = fa::step2::Order::kv_outer;
@@ -90,6 +100,12 @@ int run_all(const fa::Stage& s, fa::CommonOptions& o, const fa::step2::Config& c
                 fa::dtype_name(p.dtype));
   if (!o.check && !o.bench)
     std::printf("every variant ran once; --check compares each with step 1 in fp64, --bench times it\n");
+  if (!nonfinite.empty()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: the outputs of %s are not finite; %s\n", s.name.c_str(), nonfinite.c_str(),
+                 first_nonfinite.c_str());
+    return fa::kExitNonFinite;
+  }
   return failures ? 1 : 0;
 }
 

@@ -1,10 +1,15 @@
 // FlashAttention, step by step — tests of the harness: .npy I/O and the command line's handling of bad input.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -17,7 +22,7 @@ namespace fa {
 namespace {
 
 namespace fs = std::filesystem;
-using cli_test::CliResult, cli_test::run_stage_main, cli_test::temp_dir;
+using cli_test::CliResult, cli_test::ProgramResult, cli_test::run_program, cli_test::run_stage_main, cli_test::temp_dir;
 
 // Step 1's main() with `args`: the exit code and what it printed to stderr.
 std::pair<int, std::string> run_cli(std::vector<std::string> args) {
@@ -80,8 +85,8 @@ TEST(Cli, BadProblemsExitNonZeroWithOneMessage) {
       {{"--dim", "0"}, "head dim must be positive"},
       {{"--batch", "-1"}, "batch must be positive"},
       {{"--seq", "-5"}, "sequence lengths must be positive"},
-      {{"--dropout", "1"}, "dropout must be in [0, 1)"},
-      {{"--dropout", "-0.1"}, "dropout must be in [0, 1)"},
+      {{"--dropout", "1"}, "--dropout: must be in [0, 1) (got 1)"},
+      {{"--dropout", "-0.1"}, "--dropout: must be in [0, 1) (got -0.1)"},
       {{"--dtype", "fp8"}, "fp8"},
       {{"--variant", "nope"}, "no variant"},
       {{"--bench", "--bench-against", "nope"}, "no variant"},
@@ -212,6 +217,105 @@ TEST(AtomicFileSet, UncommittedFilesDisappear) {
     // destroyed without commit(), as when a later write throws
   }
   EXPECT_TRUE(fs::is_empty(d));
+}
+
+// ---- files written whole or not at all ----------------------------------------------------------------
+
+// Every file of a directory and its bytes: what a failed write must leave as it was (and no temporary).
+std::map<std::string, std::string> contents(const fs::path& d) {
+  std::map<std::string, std::string> all;
+  for (const auto& e : fs::directory_iterator(d)) {
+    std::ifstream f(e.path(), std::ios::binary);
+    all[e.path().filename().string()].assign(std::istreambuf_iterator<char>(f), {});
+  }
+  return all;
+}
+
+fs::path step1_executable() { return cli_test::build_dir() / "step1_cpu_reference" / "step1_cpu_reference"; }
+
+// The problem of these tests: o.npy holds 4 KiB of data, more than a page.
+const std::vector<std::string> kSmall = {"--seq", "8", "--dim", "64", "--heads", "2"};
+std::vector<std::string> small_with(std::vector<std::string> extra) {
+  std::vector<std::string> a = kSmall;
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+TEST(FilesWhole, JsonOnAFullDeviceIsExit2WithThePath) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "/dev/full is not there";
+  const auto [rc, err] = run_cli({"--seq", "8", "--dim", "8", "--json", "/dev/full"});
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(err.find("--json: cannot append to /dev/full: No space left on device"), std::string::npos) << err;
+}
+
+// Writes cut short partway (a file-size limit stops them, as a full disk would; no root needed): the
+// record and the dump are left byte for byte as they were, no temporary stays, and the error names the file.
+TEST(FilesWhole, AWriteCutShortLeavesEveryFileAsItWas) {
+  if (!fs::exists(step1_executable())) GTEST_SKIP() << step1_executable() << " is not built";
+  const fs::path d = temp_dir("cut_short");
+  const std::string json = (d / "rec.jsonl").string();
+  const ProgramResult first = run_program(step1_executable(), small_with({"--json", json, "--dump", d.string()}));
+  ASSERT_EQ(first.rc, 0) << first.err;
+  const auto before = contents(d);
+  // The next record straddles the limit: its first 40 bytes fit, the rest fails.
+  const long json_size = long(fs::file_size(json));
+  ProgramResult r = run_program(step1_executable(), small_with({"--seed", "5", "--json", json}), json_size + 40);
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--json: cannot append to " + json + ": File too large; " + json + " is as it was"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(contents(d), before);
+  // o.npy (4 KiB) straddles a 1 KiB limit: the dump fails, the old files stay.
+  r = run_program(step1_executable(), small_with({"--seed", "5", "--dump", d.string()}), 1024);
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("cannot write " + (d / "o.npy").string() + ": File too large"), std::string::npos) << r.err;
+  EXPECT_EQ(contents(d), before);
+  // A record to a new file that fails leaves no file.
+  const std::string fresh = (temp_dir("cut_short_new") / "new.jsonl").string();
+  r = run_program(step1_executable(), small_with({"--json", fresh}), 40);
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("no file was created"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(fresh));
+}
+
+// A small disk filled up (a 64 KiB tmpfs; mounting one needs root, which CI has): the dump and the record
+// fail with "No space left on device" and every file is as it was, the record file's last page included.
+TEST(FilesWhole, AFullDiskLeavesEveryFileAsItWas) {
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "mounting a tmpfs needs root; FilesWhole.AWriteCutShortLeavesEveryFileAsItWas covers the same "
+                    "paths with a file-size limit";
+  const fs::path d = temp_dir("full_disk");
+  if (::mount("tmpfs", d.c_str(), "tmpfs", 0, "size=64k") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs on " << d << ": " << std::strerror(errno);
+  struct Unmount {
+    fs::path d;
+    ~Unmount() { ::umount2(d.c_str(), MNT_DETACH); }
+  } unmount{d};
+  ASSERT_EQ(run_stage_main("step1_cpu_reference", small_with({"--dump", d.string()})).rc, 0);
+  // A record file of 3996 bytes: its page has 100 bytes free, so the next record is written partway.
+  const std::string json = (d / "rec.jsonl").string();
+  write_bytes(json, "{\"pad\": \"" + std::string(3996 - 12, 'x') + "\"}\n");
+  ASSERT_EQ(fs::file_size(json), 3996u);
+  {  // fill the disk
+    const int fd = ::open((d / "filler").c_str(), O_WRONLY | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    const std::string page(4096, 'f');
+    while (::write(fd, page.data(), page.size()) > 0) {
+    }
+    ::close(fd);
+  }
+  const auto before = contents(d);
+  CliResult r = run_stage_main("step1_cpu_reference", small_with({"--seed", "5", "--dump", d.string()}));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("cannot write " + (d / "o.npy").string() + ": No space left on device"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(contents(d), before);
+  r = run_stage_main("step1_cpu_reference", small_with({"--seed", "5", "--json", json}));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--json: cannot append to " + json + ": No space left on device; " + json + " is as it was"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(contents(d), before);
 }
 
 }  // namespace

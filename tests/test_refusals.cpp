@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
@@ -32,7 +34,8 @@ namespace fa {
 namespace {
 
 namespace fs = std::filesystem;
-using cli_test::CliResult, cli_test::run_main, cli_test::run_stage_main, cli_test::temp_dir;
+using cli_test::CliResult, cli_test::ProgramResult, cli_test::run_main, cli_test::run_program, cli_test::run_stage_main,
+    cli_test::temp_dir;
 
 // Step 2's executable, built beside this test binary (build/tests/fa_tests, build/step2_online_softmax/...).
 fs::path step2_executable() {
@@ -116,7 +119,16 @@ TEST(Refusals, MalformedFlagValues) {
           {{"--seq", "abc"}, "Could not convert: --seq = abc"},
           {{"--dtype", "fp8"}, "--dtype: fp8 not in {bf16,fp16,fp32}"},
           {{"--no-such-flag"}, "--no-such-flag"},
+          // The value typed, not the float it became: 0.999999999 is float32's 1.
+          {{"--dropout", "0.999999999"}, "--dropout: must be in [0, 1): 0.999999999 rounds to 1 in float32 (the "
+                                         "largest usable value is 0.99999994)"},
+          {{"--dropout", "1"}, "--dropout: must be in [0, 1) (got 1)"},
+          {{"--dropout", "nan"}, "--dropout: must be in [0, 1) (got nan)"},
       });
+  // The largest float below 1 runs, and the run shows it as it is.
+  const CliResult r = run_stage_main("step1_cpu_reference", {"--seq", "8", "--dim", "4", "--dropout", "0.99999994"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("dropout=0.99999994 "), std::string::npos) << r.out;
 }
 
 TEST(Refusals, FlagsTheRunWouldIgnore) {
@@ -291,9 +303,20 @@ TEST(Refusals, MalformedScoreModifiers) {
           {with({"--alibi-slopes", (d / "slopes3.npy").string()}), "--alibi-slopes gives ALiBi's slopes: add --alibi"},
           {with({"--alibi", "--alibi-slopes", (d / "slopes3.npy").string()}),
            "slopes3.npy has shape [3]; this problem needs [4] (one slope per query head)"},
-          {with({"--softcap", "0"}), "--softcap 0 caps nothing: give a positive cap, or drop --softcap"},
-          {with({"--softcap", "-3"}), "softcap must be a positive finite number, or 0 for none (got -3)"},
-          {with({"--softcap", "inf"}), "softcap must be a positive finite number"},
+          {with({"--softcap", "0"}), "--softcap: the cap must be a positive finite number (got 0); for no cap, drop "
+                                     "--softcap"},
+          {with({"--softcap", "-3"}), "--softcap: the cap must be a positive finite number (got -3); for no cap, drop "
+                                      "--softcap"},
+          {with({"--softcap", "inf"}), "--softcap: the cap must be a positive finite number (got inf)"},
+      });
+  // A dimension that is already 1 cannot broadcast: it reads "1", not "1 or 1".
+  expect_refused_without_files(
+      "step1_cpu_reference",
+      {
+          {{"--seq", "8", "--heads", "4", "--bias", (d / "wrong.npy").string()},
+           "wrong.npy has shape [1, 2, 8, 7]; this problem needs [1, 4 or 1, 8, 8]"},
+          {{"--seq", "8", "--heads", "1", "--bias", (d / "wrong.npy").string()},
+           "wrong.npy has shape [1, 2, 8, 7]; this problem needs [1, 1, 8, 8]"},
       });
 }
 
@@ -334,12 +357,22 @@ TEST(Refusals, NpyHeaderPromisingTooMuchIsRefusedBeforeAllocating) {
 TEST(Refusals, ProblemsBeyondTheMachinesMemory) {
   const std::vector<std::string> huge = {"--seq", "2000000", "--heads", "1", "--dim", "1"};
   expect_refused_without_files("step1_cpu_reference", {{huge, "not enough memory for step1_cpu_reference on this "
-                                                               "problem: about "}});
+                                                               "problem (the inputs "}});
   const std::vector<std::string> checked = {"--seq", "200000", "--heads", "1", "--dim", "1", "--check"};
   expect_refused_without_files("step1_cpu_reference", {{checked, "step 1's fp64 reference"}});
   expect_refused_without_files("step2_online_softmax",
                                {{{"--variant", "3pass", "--seq", "2000000", "--heads", "1", "--dim", "1"},
                                  "not enough memory for step2_online_softmax --variant 3pass"}});
+}
+
+// Refused before the inputs are drawn: step 2's every-variant table on --seq 200000 needs 1.1 GiB of inputs
+// and 3pass far more than any machine; the refusal comes with the inputs counted and none of them made.
+TEST(Refusals, MemoryIsRefusedBeforeTheInputsAreMade) {
+  REQUIRE_STEP2_EXECUTABLE();
+  const ProgramResult r = run_program(step2_executable(), {"--seq", "200000"});
+  expect_refused(r, "not enough memory for step2_online_softmax --variant 3pass on this problem (the inputs 1.1 GiB, "
+                    "the run ", "--seq 200000");
+  EXPECT_LT(r.max_rss_kib, 256 * 1024) << "the refused run drew its inputs first";
 }
 
 // Any exception out of a run becomes one line and exit code 2, a failed allocation in words.
@@ -555,6 +588,139 @@ TEST(Declarations, Step2DeclaresItsBackwardInFa1AndFa2) {
   p.backward = false;
   p.dtype = DType::fp32;
   for (const std::string& v : s.variants) EXPECT_TRUE(declares(s, p, v)) << v;
+
+TEST(RunReport, HelpSaysTheExitCodes) {
+  const CliResult r = run_stage_main("step1_cpu_reference", {"--help"});
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_NE(r.out.find("Exit codes: 0 done; 1 --check found an output outside the tolerance; 2 bad input or a file "
+                       "that could not be written"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("3 an output is NaN or infinite"), std::string::npos) << r.out;
+}
+
+// Scores beyond float32 (q and k at 1e20: every value in range, q.k = 8e40 not) make NaN: never a quiet
+// success. One line on stderr, exit code 3, with or without --check; the record (still written) says so.
+TEST(RunReport, NonFiniteOutputsAreExit3) {
+  const fs::path in = temp_dir("overflow"), out = temp_dir("overflow_out");
+  InputFiles files;
+  for (Tensor* t : {&files.q, &files.k})
+    for (float& x : t->data) x = 1e20f;
+  files.write(in);
+  const std::string json = (out / "rec.jsonl").string();
+  const std::string said = "step1_cpu_reference: error: the outputs are not finite: O holds ";
+  for (const std::vector<std::string>& extra : {std::vector<std::string>{}, {"--check"}, {"--backward"}}) {
+    std::vector<std::string> args = {"--inputs", in.string(), "--dtype", "fp32", "--json", json};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = run_stage_main("step1_cpu_reference", args);
+    const std::string what = extra.empty() ? "plain" : extra[0];
+    EXPECT_EQ(r.rc, kExitNonFinite) << what << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind(said, 0), 0u) << what << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("|scale * q.k| can reach 2.8e+40 here, beyond float32's 3.4e+38"), std::string::npos) << r.err;
+    if (what == "--backward") {
+      EXPECT_NE(r.err.find("dQ holds "), std::string::npos) << r.err;
+    }
+  }
+  std::ifstream f(json);
+  const std::string records((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_EQ(std::count(records.begin(), records.end(), '\n'), 3) << records;
+  EXPECT_NE(records.find("\"nonfinite\":true"), std::string::npos) << records;
+  if (fs::exists(step2_executable())) {  // step 2's table of every variant, which checks nothing by default
+    const CliResult r = run_step2({"--inputs", in.string(), "--dtype", "fp32"});
+    EXPECT_EQ(r.rc, kExitNonFinite) << r.err;
+    EXPECT_NE(r.err.find("step2_online_softmax: error: the outputs of 3pass, 2pass, online, fa1, fa2 are not finite; "
+                         "3pass: O holds "),
+              std::string::npos)
+        << r.err;
+  }
+}
+
+// LSE = -inf for a row that sees no key is the convention, not a failure: rows before the first key of a
+// causal run, and a row a -inf bias masks whole (backward too).
+TEST(RunReport, RowsThatSeeNoKeyAreNotNonFinite) {
+  CliResult r = run_stage_main("step1_cpu_reference",
+                               {"--seq-q", "8", "--seq-k", "4", "--dim", "4", "--causal", "--input-pos", "-2"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("-inf"), std::string::npos) << r.out;
+  const fs::path d = temp_dir("masked_row");
+  Tensor bias({1, 1, 8, 8});
+  for (int64_t j = 0; j < 8; ++j) bias.data[size_t(3 * 8 + j)] = -std::numeric_limits<float>::infinity();
+  write_npy((d / "bias.npy").string(), bias);
+  r = run_stage_main("step1_cpu_reference", {"--seq", "8", "--heads", "2", "--dim", "4", "--bias",
+                                             (d / "bias.npy").string(), "--backward"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// A stage that sleeps 10 ms a run, whatever the problem: the estimate scales the small problem's time by the
+// work (--seq 16384 is 2048 times Nq 256 x Nk 1024 with 4 heads: about 20 s).
+struct SleepyRunner : Runner {
+  Problem p;
+  explicit SleepyRunner(const Problem& p) : p(p) {}
+  void run() override { std::this_thread::sleep_for(std::chrono::milliseconds(10)); }
+  Outputs outputs() override {
+    Outputs o;
+    o.o = Tensor({p.B, p.Hq, p.Nq, p.d});
+    o.lse = Tensor({p.B, p.Hq, p.Nq});
+    return o;
+  }
+};
+
+TEST(RunReport, ALongCpuRunSaysHowLongFirst) {
+  Stage s;
+  s.name = "sleepy_stage";
+  s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
+  s.make = [](const Problem& p, const Inputs&, const std::string&) -> std::unique_ptr<Runner> {
+    return std::make_unique<SleepyRunner>(p);
+  };
+  const CliResult r = run_main(s, {"--seq", "16384", "--dim", "4"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("sleepy_stage: this will take about ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(" on this CPU (the run "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("measured on Nq 256 x Nk 1024 of the same kind); Ctrl-C stops it\nsleepy_stage: B=1"),
+            std::string::npos)
+      << r.out;
+  // A small problem is not measured, and says nothing of time before it runs.
+  const CliResult small = run_main(s, {"--seq", "64", "--dim", "4"});
+  EXPECT_EQ(small.out.rfind("sleepy_stage: B=1", 0), 0u) << small.out;
+}
+
+// ---- the tour ----------------------------------------------------------------------------------------
+
+fs::path tour_executable() { return cli_test::build_dir() / "flashattention_tour"; }
+
+// Its --help lists what it takes: none of a stage executable's own flags, which it refuses with the reason.
+TEST(Tour, HelpListsOnlyTheFlagsItTakes) {
+  if (!fs::exists(tour_executable())) GTEST_SKIP() << tour_executable() << " is not built";
+  const ProgramResult help = run_program(tour_executable(), {"--help"});
+  EXPECT_EQ(help.rc, 0) << help.err;
+  for (const std::string flag : {"--variant", "--check", "--bench", "--bench-against", "--dump", "--json",
+                                 "--list-variants"}) {
+    EXPECT_EQ(help.out.find("\n  " + flag + " "), std::string::npos) << flag << " is in --help:\n" << help.out;
+    std::vector<std::string> args = {flag};
+    if (flag != "--check" && flag != "--bench" && flag != "--list-variants") args.push_back("x");
+    expect_refused(run_program(tour_executable(), args),
+                   flag + " is a flag of a stage's own executable (the tour runs every stage and variant, checked "
+                          "against step 1 and timed once): drop " + flag,
+                   flag);
+  }
+  for (const std::string flag : {"--seq", "--backward", "--tuned", "--gpu-status"})
+    EXPECT_NE(help.out.find("\n  " + flag + " "), std::string::npos) << flag << " is not in --help:\n" << help.out;
+  EXPECT_NE(help.out.find("Exit codes: 0 every stage that ran passed its check"), std::string::npos) << help.out;
+}
+
+// Under --backward, a variant without one is skipped naming the rows that run it, not a --variant the tour
+// would refuse.
+TEST(Tour, BackwardSkipsNameTheRowsThatRunIt) {
+  if (!fs::exists(tour_executable())) GTEST_SKIP() << tour_executable() << " is not built";
+  const ProgramResult r = run_program(tour_executable(), {"--backward", "--seq", "16", "--dim", "8", "--heads", "1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  for (const std::string v : {"3pass", "2pass", "online"})
+    EXPECT_NE(r.out.find(v + std::string(32 - v.size(), ' ') + " skipped: no backward pass in this variant (the rows "
+                         "of fa1, fa2 run it)\n"),
+              std::string::npos)
+        << r.out;
+  EXPECT_EQ(r.out.find("--variant"), std::string::npos) << r.out;
 }
 
 }  // namespace
