@@ -588,6 +588,7 @@ TEST(Declarations, Step2DeclaresItsBackwardInFa1AndFa2) {
   p.backward = false;
   p.dtype = DType::fp32;
   for (const std::string& v : s.variants) EXPECT_TRUE(declares(s, p, v)) << v;
+}
 
 TEST(RunReport, HelpSaysTheExitCodes) {
   const CliResult r = run_stage_main("step1_cpu_reference", {"--help"});
