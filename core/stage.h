@@ -1,8 +1,9 @@
 // FlashAttention, step by step — core/stage.h
 // The contract between a stage and the harness: the inputs and outputs of one run, the Runner a stage
 // makes, the Stage record the harness reads (with Supports: what the stage declares it runs), the Platform
-// a GPU stage runs on, and the Oracle that --check compares with. The harness (harness/) knows stages only through these types; each stage's
-// main() hands its own Stage to it, and only the registry (harness/registry.h) lists them all.
+// a GPU stage runs on, and the Oracle that --check compares with. The harness (harness/) knows stages only
+// through these types; each stage's main() hands its own Stage to it, and only the registry
+// (harness/registry.h) lists them all.
 //
 // A stage turns a Problem and its float32 inputs (already rounded to the dtype) into a Runner:
 //   construction  = set-up (device allocation, upload, tensor maps): never timed

@@ -4,6 +4,7 @@
 // and 5 define theirs); one list per stage feeds its instances (every kernel of the list is compiled),
 // its names (--variant, --list-variants, step 6's tuner) and its launch shapes.
 #pragma once
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -43,6 +44,26 @@ std::vector<std::string> config_names_with_mods(ConfigList<Cfg...>) {
 template <class F, class... Cfg>
 bool with_config_named(const std::string& name, ConfigList<Cfg...>, F&& f) {
   return ((name == Cfg::name() ? (f(std::type_identity<Cfg>{}), true) : false) || ...);
+}
+
+// The record (its traits' `tiles`, e.g. step 4's FwdTiles) of the configuration named `name` in the list of
+// either head dim, Configs<bf16, 64 or 128>::All (a name is made from its record, so it means the same in
+// both), or none where neither holds it. What a stage's launch code reads to tell a lesson, an ablation or a
+// split-KV configuration from the rest: fields, not the letters of the name.
+template <class List>
+struct FirstConfig;
+template <class C0, class... Cfg>
+struct FirstConfig<ConfigList<C0, Cfg...>> {
+  using type = C0;
+};
+template <template <typename, int> class Configs>
+auto config_tiles_named(const std::string& name) {
+  using Tiles = std::remove_cv_t<decltype(FirstConfig<typename Configs<__nv_bfloat16, 64>::All>::type::tiles)>;
+  std::optional<Tiles> tiles;
+  const auto found = [&](auto cfg) { tiles = decltype(cfg)::type::tiles; };
+  if (!with_config_named(name, typename Configs<__nv_bfloat16, 64>::All{}, found))
+    with_config_named(name, typename Configs<__nv_bfloat16, 128>::All{}, found);
+  return tiles;
 }
 
 // Calls f(std::type_identity<Cfg>{}) with the configuration named `name` in Configs<T, D>::All, T and D

@@ -68,25 +68,10 @@ struct Configs {
                          Fwd<substep(k128, Substep::k4c)>>;
 };
 
-// The tiles a configuration's traits were made from.
-template <class Tr>
-struct TilesOf;
-template <typename T, int D, FwdTiles kTiles>
-struct TilesOf<FwdTraits<T, D, kTiles>> {
-  static constexpr FwdTiles value = kTiles;
-};
-
-// The tiles of the configuration named `name`, from the list of either head dim (a name is made from its
-// tiles, so it means the same tiles in both), or none where neither list holds it. What launch.cu decides
-// for the harness (which configurations step 6 leaves out, which take --splits) reads these fields, not the
-// letters tiles_name made of them.
-inline std::optional<FwdTiles> tiles_named(const std::string& name) {
-  std::optional<FwdTiles> tiles;
-  const auto found = [&](auto cfg) { tiles = TilesOf<typename decltype(cfg)::type>::value; };
-  if (!with_config_named(name, Configs<__nv_bfloat16, 64>::All{}, found))
-    with_config_named(name, Configs<__nv_bfloat16, 128>::All{}, found);
-  return tiles;
-}
+// The tiles of the configuration named `name`, or none (gpu/config_list.h): what launch.cu decides for the
+// harness (which configurations step 6 leaves out, which take --splits) reads these fields, not the letters
+// tiles_name made of them.
+inline std::optional<FwdTiles> tiles_named(const std::string& name) { return config_tiles_named<Configs>(name); }
 
 // Does the configuration named `name` run 4e, split-KV decoding? (No for a name neither list holds.)
 inline bool is_split_kv(const std::string& name) {

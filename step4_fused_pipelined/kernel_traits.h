@@ -98,6 +98,7 @@ struct FwdTraits {
   static constexpr size_t kQBytes = QTile::kBytes, kKVBytes = KVTile::kBytes;
   static_assert(QTile::kKeepsAlignment && KVTile::kKeepsAlignment, "tiles must keep the panels 1024-byte aligned");
 
+  static constexpr auto tiles = kTiles;  // the record it was made from (config_list.h, tiles_named)
   static std::string name() { return tiles_name(kTiles); }
 };
 

@@ -66,23 +66,8 @@ struct Configs {
                                  "blocks per SM (two or three of 64 rows) 228 KB per SM with 1 KB reserved per block");
 };
 
-// The tiles a configuration's traits were made from.
-template <class Tr>
-struct TilesOf;
-template <typename T, int D, HopperTiles kTiles>
-struct TilesOf<HopperTraits<T, D, kTiles>> {
-  static constexpr HopperTiles value = kTiles;
-};
-
-// The tiles (and design) of the configuration named `name`, from the list of either head dim, or none where
-// neither holds it: what launch.cu reads to tell the chapter's lessons from the rest, as step 4's
-// tiles_named does.
-inline std::optional<HopperTiles> tiles_named(const std::string& name) {
-  std::optional<HopperTiles> tiles;
-  const auto found = [&](auto cfg) { tiles = TilesOf<typename decltype(cfg)::type>::value; };
-  if (!with_config_named(name, Configs<__nv_bfloat16, 64>::All{}, found))
-    with_config_named(name, Configs<__nv_bfloat16, 128>::All{}, found);
-  return tiles;
-}
+// The tiles (and design) of the configuration named `name`, or none (gpu/config_list.h): what launch.cu
+// reads to tell the chapter's lessons from the rest.
+inline std::optional<HopperTiles> tiles_named(const std::string& name) { return config_tiles_named<Configs>(name); }
 
 }  // namespace fa::step7

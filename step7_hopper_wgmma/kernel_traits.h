@@ -95,6 +95,7 @@ struct HopperTraits {
                 "fragments and addresses must fit a consumer thread's registers (three blocks per SM: 64-key tiles)");
 
   static constexpr size_t kQBytes = QTile::kBytes, kKVBytes = KVTile::kBytes;
+  static constexpr auto tiles = kTiles;  // the record it was made from (config_list.h, tiles_named)
   static std::string name() { return tiles_name(kTiles); }
 };
 

@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "tests/declarations.h"
 #include "harness/cli.h"
 #include "harness/registry.h"
 
@@ -141,30 +142,10 @@ inline std::string refusal(const Stage& s, const Problem& p, const std::string& 
   return "";
 }
 
-// The declaration and the refusals agree on p for every variant (and every tuning configuration compiled for
-// p's head dim) of every GPU stage that `keep` accepts: declared iff unsupported() returns "". Host-side, no
-// GPU: run in CI, it is what makes a wrong refusal fail where no grid runs. What the command line refuses
-// before asking the stage (--splits or --backward on a stage without them) is left out.
+// tests/declarations.h's check on p for every GPU stage that `keep` accepts.
 inline void expect_declarations_agree(const Problem& p, const std::function<bool(const Stage&)>& keep) {
-  for (const Stage& s : stages()) {
-    if (!s.gpu() || !keep(s)) continue;
-    if ((p.splits > 0 && !s.has_splits) || (p.backward && !s.has_backward)) continue;
-    std::vector<std::string> names = s.variants.empty() ? std::vector<std::string>{""} : s.variants;
-    for (const std::string& config : s.tuning_variants) {
-      try {
-        s.launch_shape(p, config);  // throws for a configuration the head dim (or dtype) does not compile
-      } catch (const std::invalid_argument&) {
-        continue;
-      }
-      names.push_back(config);
-    }
-    for (const std::string& v : names) {
-      const std::string why = s.unsupported(p, v);
-      EXPECT_EQ(declares(s, p, v), why.empty())
-          << s.name << ":" << v << " on " << p.describe() << (why.empty() ? ": runs it but does not declare it"
-                                                                           : ": declares it but refuses it: " + why);
-    }
-  }
+  for (const Stage& s : stages())
+    if (s.gpu() && keep(s)) expect_stage_declares_what_it_runs(s, p);
 }
 
 // Every output of the report passes the tolerance rule, and every element was written.

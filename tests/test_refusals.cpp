@@ -27,6 +27,7 @@
 #include "core/random.h"
 #include "harness/cli.h"
 #include "tests/cli_run.h"
+#include "tests/declarations.h"
 #include "harness/registry.h"
 #include "step2_online_softmax/online.h"
 
@@ -556,23 +557,7 @@ TEST(Declarations, EveryStageDeclaresExactlyWhatItRuns) {
             for (int64_t splits : {0, 3}) {
               p.splits = splits;
               p.validate();
-              if ((p.splits > 0 && !s.has_splits) || (p.backward && !s.has_backward)) continue;
-              std::vector<std::string> names = s.variants.empty() ? std::vector<std::string>{""} : s.variants;
-              for (const std::string& config : s.tuning_variants) {
-                try {
-                  s.launch_shape(p, config);  // throws for a configuration the head dim (or dtype) does not compile
-                } catch (const std::invalid_argument&) {
-                  continue;
-                }
-                names.push_back(config);
-              }
-              for (const std::string& v : names) {
-                const std::string why = s.unsupported(p, v);
-                EXPECT_EQ(declares(s, p, v), why.empty())
-                    << s.name << ":" << v << " on " << p.describe() << " splits " << p.splits
-                    << (why.empty() ? ": runs it but does not declare it" : ": declares it but refuses it: " + why);
-                ++checked;
-              }
+              checked += expect_stage_declares_what_it_runs(s, p);  // tests/declarations.h
             }
           }
   EXPECT_GT(checked, 0);
