@@ -7,12 +7,15 @@
                                                   <!-- results:begin --> and <!-- results:end -->
 
 Each figure has four panels (d = 64, 128 x non-causal, causal) of TFLOP/s against the sequence length:
-one solid line per stage (a second variant keeps the colour, with its own line), a dashed line per
-PyTorch peer, and a dashed red line for the measured mma.sync ceiling, in the colours of palette.py,
-which every plot of the course shares. When the values span more than a factor of 10 (step 3 beside
-step 4) the TFLOP/s axis is logarithmic, and says so. Under the legend, one line per run that gave the
-figure's records: its build, its date and what it measured. Numbers in tables and README are generated
-from the JSON, never typed.
+one solid line per stage (a second variant keeps the colour, with its own line and marker), a dashed line
+per PyTorch peer, and one dashed red line: the mma.sync ceiling measured in this run (the JSON's
+mma_peak_tflops), labelled with its value. In the colours of palette.py, which every plot of the course
+shares. When the values span more than a factor of 10 (step 3 beside step 4) the TFLOP/s axis is
+logarithmic, and says so. Under the legend, wrapped to the figure's width: a note where a wgmma kernel
+(cuDNN, step 7) passes the mma.sync line, a note for each pair of lines that lie on top of each other, and
+one line per run that gave the figure's records: its build, its date and what it measured. A mode with no
+stage record (peers only) gets no figure. Numbers in tables and README are generated from the JSON,
+never typed.
 """
 import argparse
 import json
@@ -53,7 +56,8 @@ def series(data, mode):
 
 
 def series_info(data, mode):
-    """{label: {kind, name, variant, points: {(d, causal): {N: tflops}}, runs: {(build, date): {N}}}}."""
+    """{label: {kind, name, variant, points: {(d, causal): {N: tflops}}, runs: {(build, date): {N}},
+    run_ds: {(build, date): {d}}}}."""
     recs = [r for r in data["records"] if r["mode"] == mode]
     variants = {}
     for r in recs:
@@ -67,9 +71,11 @@ def series_info(data, mode):
     out = {}
 
     def add(lab, r, variant, tflops):
-        s = out.setdefault(lab, dict(kind=r["kind"], name=r["name"], variant=variant, points={}, runs={}))
+        s = out.setdefault(lab, dict(kind=r["kind"], name=r["name"], variant=variant, points={}, runs={},
+                                     run_ds={}))
         s["points"].setdefault((r["d"], r["causal"]), {})[r["N"]] = tflops
         s["runs"].setdefault(run_of(data, r), set()).add(r["N"])
+        s["run_ds"].setdefault(run_of(data, r), set()).add(r["d"])
 
     for r in sorted(recs, key=lambda r: (r["kind"] == "peer", r["name"], r["variant"])):
         add(label(r), r, r["variant"], r["tflops"])
@@ -111,6 +117,11 @@ def has_data(data, mode):
     return any(r["mode"] == mode and r["tflops"] for r in data["records"])
 
 
+def has_stage(data, mode):
+    """A figure needs a stage of the course: peers alone (a step 7 run that timed SDPA's backward too) get none."""
+    return any(r["mode"] == mode and r["tflops"] and r["kind"] == "stage" for r in data["records"])
+
+
 def panel_title(d, causal):
     return f"d = {d}, {'causal' if causal else 'non-causal'}"
 
@@ -130,6 +141,23 @@ def legend_entry(s, mode):
     return None, palette.line_style(s["kind"], s["name"], s["variant"])
 
 
+def figure_styles(info, mode):
+    """{label: style} of the figure's series, no two alike: a stage variant whose line and marker another
+    series of the figure already has (step 7's 7c with other tiles beside 7c itself) takes the next of
+    palette.OTHER_VARIANT_LINES, in its stage's colour."""
+    out, seen, spare = {}, set(), iter(palette.OTHER_VARIANT_LINES * 4)
+    # The variants palette.py names first, so that they keep their own lines (7c-pingpong its stage's).
+    for lab, s in sorted(info.items(), key=lambda item: item[1]["variant"] not in palette.VARIANT_LINES):
+        st = legend_entry(s, mode)[1]
+        look = lambda st: (st.get("color"), str(st.get("linestyle")), st.get("marker"), st.get("markerfacecolor"))
+        while look(st) in seen and s["kind"] == "stage":
+            st = {k: v for k, v in st.items() if k not in ("markerfacecolor", "markersize")}
+            st.update(next(spare))
+        seen.add(look(st))
+        out[lab] = st
+    return {lab: out[lab] for lab in info}
+
+
 def seq_range(ns, seqs):
     """"N = 512-2k" for a run of consecutive sweep lengths, "N = 512, 4k" otherwise."""
     idx = sorted(seqs.index(n) for n in ns)
@@ -138,23 +166,72 @@ def seq_range(ns, seqs):
     return "N = " + ", ".join(seq_label(seqs[i]) for i in idx)
 
 
-def run_lines(info, labels, seqs):
-    """One line per run of the figure: its build and date, and the series (and sequence lengths) it gave."""
+def run_lines(info, labels, seqs, ds):
+    """One line per run of the figure: its build and date, the head dims and lengths it measured, and the
+    series it gave ("every series" where it gave all of the figure's)."""
     runs = {}
     for lab, s in info.items():
         for run, ns in s["runs"].items():
             runs.setdefault(run, {})[labels[lab]] = frozenset(ns)
+    run_ds = {}
+    for s in info.values():
+        for run, dd in s["run_ds"].items():
+            run_ds.setdefault(run, set()).update(dd)
     lines = []
     for build, date in sorted(runs, key=lambda run: (run[1] is None, run[1] or "", run[0])):  # undated last
         given = runs[(build, date)]
         head = f"build {build} ({date or 'date not recorded'})"
+        dd = sorted(run_ds.get((build, date), ds))
+        if dd != sorted(ds):
+            head += ", d = " + ", ".join(map(str, dd))
+        everything = len(given) == len(labels)
         if len(set(given.values())) == 1:  # every series of the run at the same lengths: say them once
             ns = next(iter(given.values()))
-            lines.append(head + ("" if ns == set(seqs) else f", {seq_range(ns, seqs)}") + ": " + ", ".join(given))
+            lines.append(head + ("" if ns == set(seqs) else f", {seq_range(ns, seqs)}") + ": "
+                         + ("every series" if everything else ", ".join(given)))
         else:
             lines.append(head + ": " + ", ".join(l + ("" if ns == set(seqs) else f" at {seq_range(ns, seqs)}")
                                                    for l, ns in given.items()))
     return lines
+
+
+def coinciding(info, labels, tolerance=0.03):
+    """Notes on pairs of series that lie on top of each other (within `tolerance` at every length of a
+    panel), so that a reader looking for two lines finds where the second is."""
+    notes = []
+    names = list(info)
+    for a in range(len(names)):
+        for b in range(a + 1, len(names)):
+            pa, pb = info[names[a]]["points"], info[names[b]]["points"]
+            where = []
+            for panel in sorted(set(pa) & set(pb)):
+                ns = [n for n in pa[panel] if pa[panel][n] and pb[panel].get(n)]
+                if ns and all(abs(pa[panel][n] / pb[panel][n] - 1) <= tolerance for n in ns):
+                    where.append(panel)
+            if where:
+                every = len(where) == len(set(pa) & set(pb))
+                place = "in every panel" if every else "at " + "; ".join(panel_title(*p) for p in where)
+                notes.append(f"{labels[names[a]]} and {labels[names[b]]} lie on top of each other "
+                             f"(within {tolerance:.0%} at every N) {place}: each keeps its own marker.")
+    return notes
+
+
+def above_ceiling(info, labels, peak):
+    """The note where a series passes the mma.sync line: it multiplies with wgmma, another instruction."""
+    over = [lab for lab, s in info.items()
+            if any(v and v > peak for pts in s["points"].values() for v in pts.values())]
+    if not over:
+        return []
+    wgmma = [labels[lab] for lab in over if info[lab]["name"] in palette.WGMMA]
+    other = [labels[lab] for lab in over if info[lab]["name"] not in palette.WGMMA]
+    notes = []
+    if wgmma:
+        notes.append(f"Above the red mma.sync line: {', '.join(wgmma)}. "
+                     f"{'They multiply' if len(wgmma) > 1 else 'It multiplies'} with wgmma (Hopper's warpgroup MMA), "
+                     "not mma.sync, and wgmma has a higher ceiling: the red line bounds mma.sync kernels only.")
+    if other:
+        notes.append(f"Above the red line: {', '.join(other)} (within the spread of one run's timing).")
+    return notes
 
 
 def tflops_values(info):
@@ -175,32 +252,48 @@ def plot(data, mode, path):
         sys.exit(f"plot.py: this Python ({sys.executable}) has no matplotlib; run it with Debian's "
                  "/usr/bin/python3 (apt-get install python3-matplotlib), or use --table, which needs none")
     matplotlib.use("Agg")
+    import textwrap
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     grid = panels(data)
     ds, causals = sorted({d for d, _ in grid}), sorted({c for _, c in grid})
     seqs = sorted({r["N"] for r in data["records"]})
-    peak = data.get("mma_peak_tflops")
+    peak = data.get("mma_peak_tflops")  # the ceiling measured in the run this file records: one per figure
     info = series_info(data, mode)
     log = use_log_scale(info)
     labels = {lab: legend_entry(s, mode)[0] or lab for lab, s in info.items()}
+    styles = figure_styles(info, mode)
     values = tflops_values(info) + ([peak] if peak else [])
+    ceiling_label = f"mma.sync bf16 ceiling, measured in this run: {peak:.0f} TFLOP/s" if peak else None
+    # Under the legend: what to know when reading the lines, then one line per run; every line wrapped to
+    # the figure's width (fontsize 8: about 5.1 points a character at most), so that none is cut at the right.
+    width = 6.2 * len(causals)
+    notes = (above_ceiling(info, labels, peak) if peak else []) + coinciding(info, labels)
+    text = notes + ["Runs, all on " + data["gpu"] + ":"] + run_lines(info, labels, seqs, ds)
+    lines = [w for t in text for w in textwrap.wrap(t, int(width * 72 / 5.1), subsequent_indent="    ")]
+    n_names = len(info) + (1 if peak else 0)
+    ncol = min(3, n_names)
+    legend_rows = (n_names + ncol - 1) // ncol
+    line_in, leg_in = 8 * 1.45 / 72, 9 * 2.0 / 72  # inches: one line of the notes, one row of the legend
+    height = 4.4 * len(ds) + 0.15 + line_in * len(lines) + leg_in * legend_rows
 
-    fig, axes = plt.subplots(len(ds), len(causals), figsize=(6.2 * len(causals), 4.4 * len(ds)),
+    fig, axes = plt.subplots(len(ds), len(causals), figsize=(width, height),
                              squeeze=False, sharex=True, sharey=log)
     for i, (lab, s) in enumerate(info.items()):
         for (d, causal), pts in s["points"].items():
             ax = axes[ds.index(d)][causals.index(causal)]
             xs = [n for n in sorted(pts) if pts[n]]
             style = dict(linewidth=1.6, markersize=5, zorder=3 - i / len(info))  # the first series on top
-            ax.plot(xs, [pts[n] for n in xs], label=labels[lab], **dict(style, **legend_entry(s, mode)[1]))
+            ax.plot(xs, [pts[n] for n in xs], label=labels[lab], **dict(style, **styles[lab]))
     for row, d in enumerate(ds):
         for col, causal in enumerate(causals):
             ax = axes[row][col]
             if peak:
-                ax.axhline(peak, color=palette.CEILING_COLOR, linestyle="--", linewidth=1.2,
-                           label=f"mma.sync bf16 ceiling ({peak:.0f})")
+                ax.axhline(peak, color=palette.CEILING_COLOR, linestyle="--", linewidth=1.2, label=ceiling_label)
+                ax.annotate(f"mma.sync ceiling {peak:.0f}, measured in this run", xy=(0.01, peak),
+                            xycoords=ax.get_yaxis_transform(), xytext=(0, 2), textcoords="offset points",
+                            fontsize=7.5, color=palette.CEILING_COLOR, va="bottom", ha="left")
             ax.set_xscale("log", base=2)
             ax.set_xticks(seqs, [seq_label(n) for n in seqs])
             ax.minorticks_off()
@@ -211,7 +304,7 @@ def plot(data, mode, path):
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
                 ax.yaxis.set_minor_locator(NullLocator())
             else:
-                ax.set_ylim(0, max(values) * 1.08)
+                ax.set_ylim(0, max(values) * 1.1)
             ax.grid(True, alpha=0.3)
             ax.set_title(panel_title(d, causal))
             if row == len(ds) - 1:
@@ -223,15 +316,12 @@ def plot(data, mode, path):
             if l not in names:
                 handles.append(h)
                 names.append(l)
-    ncol = min(3, len(names))
-    runs = run_lines(info, labels, seqs)
-    legend_rows = (len(names) + ncol - 1) // ncol
-    # Bottom to top: the runs, one line each, then the legend.
-    run_h, leg_h = 0.022, 0.03
-    fig.text(0.01, 0.008, "\n".join(["Runs, all on " + data["gpu"] + ":"] + runs), fontsize=8,
-             va="bottom", ha="left", linespacing=1.5)
-    legend_y = 0.012 + run_h * (len(runs) + 1)
-    fig.legend(handles, names, loc="lower center", bbox_to_anchor=(0.5, legend_y), ncol=ncol, frameon=False)
+    # Bottom to top: the notes and runs, then the legend; heights in figure fractions.
+    line_h, leg_h = line_in / height, leg_in / height
+    fig.text(0.01, 0.008, "\n".join(lines), fontsize=8, va="bottom", ha="left", linespacing=1.45)
+    legend_y = 0.014 + line_h * len(lines)
+    fig.legend(handles, names, loc="lower center", bbox_to_anchor=(0.5, legend_y), ncol=ncol, frameon=False,
+               fontsize=9)
     fig.suptitle(f"{data['gpu']}: {MODES[mode]} pass, {data['dtype']}, TFLOP/s"
                  + (" on a log scale (every stage visible)" if log else ""))
     fig.tight_layout(rect=(0, legend_y + leg_h * legend_rows, 1, 1))
@@ -306,7 +396,7 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.splitext(os.path.basename(a.json))[0]
     for mode in MODES:
-        if has_data(data, mode):
+        if has_stage(data, mode):
             path = os.path.join(out_dir, f"{stem}-{mode}.png")
             plot(data, mode, path)
             print(f"wrote {path}")

@@ -5,12 +5,13 @@
     plot_decode.py RESULT.json --table         markdown: per point, the stage's GB/s, the faster SDPA
                                                backend's, their ratio, and the stage's % of the roof
 
-RESULT.json is written by `docs/bench/sweep.py --decode`. The figure has one panel per (Nq, Hkv) row and
-head dim column, GB/s against the KV length Nk (log scale): one line per stage or peer and batch size B.
-Colour and line come from palette.py (a stage's colour, peers dashed with hollow markers; runs of one
-stage with different --stage-flags, such as --splits N, keep its colour and change the line); the marker
-says B. The dashed red line is the roof: the GPU's device-to-device copy bandwidth, measured in the same
-run. GB/s is the record's gbps: bytes read and written / time, K and V once per KV head, or at Hq heads
+RESULT.json is written by `docs/bench/sweep.py --decode`. The figure has one column per batch size B and
+one row per (Nq, Hkv), each panel titled with all three; in a panel, GB/s against the KV cache length Nk,
+once per head dim d (two groups of Nk ticks, side by side): one line per stage or peer and d. Colour,
+line and marker come from palette.py (a stage's colour, peers dashed with hollow markers; runs of one
+stage with different --stage-flags, such as --splits N, keep its colour and change the line). The dashed
+red line is the roof: the GPU's device-to-device copy bandwidth, measured in the same run, labelled with
+its value. GB/s is the record's gbps: bytes read and written / time, K and V once per KV head, or at Hq heads
 for a peer that was given them repeated (its gqa field), so that a line is what the kernel really moved.
 The table's ratio is a time ratio (SDPA time / stage time, > 1: the stage is faster). Needs matplotlib
 for the figure only: run it with Debian's /usr/bin/python3.
@@ -66,14 +67,14 @@ def by_point(data, key):
 
 
 def style(key, keys):
-    """matplotlib keyword arguments of an implementation's lines (the marker is B's, set per line)."""
+    """matplotlib keyword arguments of an implementation's lines: the palette's colour, line and marker of its
+    stage or peer; runs of one stage with different --stage-flags keep its colour and change the line."""
     kind, name, variant, flags = key
     st = palette.line_style(kind, name, variant)
     if kind == "stage":
         runs = sorted(k[3] for k in keys if k[:3] == key[:3])
         if len(runs) > 1:
             st["linestyle"] = palette.DECODE_FLAG_LINES[runs.index(flags) % len(palette.DECODE_FLAG_LINES)]
-    st.pop("marker", None)
     return st
 
 
@@ -123,43 +124,13 @@ def plot(data, path):
     values = [r["gbps"] for r in recs if r.get("gbps")] + ([roof] if roof else [])
     if not values:
         sys.exit("plot_decode.py: no record has a time: nothing to plot")
-
-    width, height = max(10.0, 6.4 * len(ds)), 3.6 * len(rows) + 1.2
-    fig, axes = plt.subplots(len(rows), len(ds), figsize=(width, height), squeeze=False, sharex=True, sharey=True)
-    for i, (key, lab) in enumerate(impls.items()):
-        pts = by_point(data, key)
-        for b in batches:
-            for (nq, hkv) in rows:
-                for d in ds:
-                    xs = [n for n in nks if (pts.get((d, nq, hkv, b, n)) or {}).get("gbps")]
-                    ax = axes[rows.index((nq, hkv))][ds.index(d)]
-                    ax.plot(xs, [pts[(d, nq, hkv, b, n)]["gbps"] for n in xs], linewidth=1.4, markersize=5.5,
-                            marker=palette.batch_marker(b, batches), zorder=3 - i / len(impls),
-                            **style(key, impls))
     hq = data.get("Hq", 32)
-    for row, (nq, hkv) in enumerate(rows):
-        for col, d in enumerate(ds):
-            ax = axes[row][col]
-            if roof:
-                ax.axhline(roof, color=palette.CEILING_COLOR, linestyle="--", linewidth=1.2)
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(nks, [nk_label(n) for n in nks])
-            ax.minorticks_off()
-            ax.set_ylim(0, max(values) * 1.08)
-            ax.grid(True, alpha=0.3)
-            ax.set_title(panel_title(d, nq, hkv, hq), fontsize=10)
-            if row == len(rows) - 1:
-                ax.set_xlabel("KV length Nk")
-            if col == 0:
-                ax.set_ylabel("GB/s")
-    # The legend in two parts: what the colour and line say, then what the marker says.
-    handles = [Line2D([], [], **style(k, impls), label=lab) for k, lab in impls.items()]
-    handles += [Line2D([], [], color="dimgray", linestyle="none", marker=palette.batch_marker(b, batches),
-                       label=f"B = {b}") for b in batches]
-    if roof:
-        handles.append(Line2D([], [], color=palette.CEILING_COLOR, linestyle="--",
-                              label=f"copy bandwidth ({roof:.0f} GB/s)"))
-    ncol = min(4, len(handles))
+
+    # One column per batch size B, one row per (Nq, Hkv); in a panel, the KV length Nk along x, once per
+    # head dim d (a group of Nk ticks each, side by side): every panel holds one line per implementation
+    # and d, and its title says B, Nq and Hkv.
+    gap = 0.8
+    xpos = {(d, n): i * (len(nks) - 1 + gap) + j for i, d in enumerate(ds) for j, n in enumerate(nks)}
     notes = [f"Measured {data['date']}, build {data.get('build_git') or data['git']}, torch {data.get('torch')}. "
              "GB/s = (Q + K + V read, O written) bytes / time, K and V once per KV head; "
              "causal bottom-right (input_pos = Nk - Nq)."]
@@ -167,17 +138,70 @@ def plot(data, path):
     for run in sorted({r["run"] for r in data["records"] if r.get("run")}):  # parts merged in (merge.py)
         notes.append(f"Measured {run}: the points with " + run_points(data["records"], run) + ".")
     notes += peer_notes(data, impls)
+    handles = [Line2D([], [], linewidth=1.5, **style(k, impls), label=lab) for k, lab in impls.items()]
+    if roof:
+        handles.append(Line2D([], [], color=palette.CEILING_COLOR, linestyle="--",
+                              label=f"roof: copy bandwidth, measured in this run: {roof:.0f} GB/s"))
+    width = max(10.0, 4.7 * len(batches))
+    notes = [line for n in notes for line in textwrap.wrap(n, int(width * 72 / 7.5 * 1.75))]
+    ncol = min(4, len(handles))
+    legend_rows = (len(handles) + ncol - 1) // ncol
+    note_in, legend_row_in = 7.5 * 1.5 / 72, 9 * 2.0 / 72
+    height = 3.0 * len(rows) + 1.0 + note_in * len(notes) + legend_row_in * legend_rows
+
+    fig, axes = plt.subplots(len(rows), len(batches), figsize=(width, height), squeeze=False, sharex=True,
+                             sharey=True)
+    for i, (key, lab) in enumerate(impls.items()):
+        pts = by_point(data, key)
+        st = style(key, impls)
+        for b in batches:
+            for (nq, hkv) in rows:
+                ax = axes[rows.index((nq, hkv))][batches.index(b)]
+                for d in ds:  # one line per head dim: the groups are not joined
+                    xs = [n for n in nks if (pts.get((d, nq, hkv, b, n)) or {}).get("gbps")]
+                    ax.plot([xpos[(d, n)] for n in xs], [pts[(d, nq, hkv, b, n)]["gbps"] for n in xs],
+                            linewidth=1.5, zorder=3 - i / len(impls), **st)
+    top = max(values) * 1.12
+    for row, (nq, hkv) in enumerate(rows):
+        for col, b in enumerate(batches):
+            ax = axes[row][col]
+            if roof:
+                ax.axhline(roof, color=palette.CEILING_COLOR, linestyle="--", linewidth=1.1)
+                if row == 0 and col == 0:  # under the line, at the right: above it are the d labels
+                    ax.annotate(f"roof {roof:.0f} GB/s, measured in this run", xy=(0.99, roof),
+                                xycoords=ax.get_yaxis_transform(), xytext=(0, -3), textcoords="offset points",
+                                fontsize=7.5, color=palette.CEILING_COLOR, va="top", ha="right")
+            for i in range(1, len(ds)):  # a thin rule between the head dims
+                ax.axvline(i * (len(nks) - 1 + gap) - gap / 2, color="gray", linewidth=0.8)
+            ax.set_xticks([xpos[(d, n)] for d in ds for n in nks], [nk_label(n) for d in ds for n in nks])
+            ax.set_xlim(-0.35, xpos[(ds[-1], nks[-1])] + 0.35)
+            ax.set_ylim(0, top)
+            ax.grid(True, alpha=0.3)
+            group = f"{hq // hkv} query heads per KV head" if hkv < hq else "no GQA"
+            ax.set_title(f"B = {b}, Nq = {nq}, Hkv = {hkv} ({group})", fontsize=9.5)
+            for d in ds:  # which head dim each group of ticks is, at the top of the panel, above the roof
+                mid = (xpos[(d, nks[0])] + xpos[(d, nks[-1])]) / 2
+                ax.text(mid, 0.985, f"d = {d}", transform=ax.get_xaxis_transform(), ha="center", va="top",
+                        fontsize=8.5, color="dimgray")
+            if row == len(rows) - 1:
+                ax.set_xlabel("KV cache length Nk (left group d = %s, right d = %s)" % (ds[0], ds[-1])
+                              if len(ds) == 2 else "KV cache length Nk", fontsize=9)
+            if col == 0:
+                ax.set_ylabel("GB/s")
+    for col, b in enumerate(batches):  # the batch size, large, over its column
+        axes[0][col].annotate(f"batch B = {b}", xy=(0.5, 1), xycoords="axes fraction", xytext=(0, 18),
+                              textcoords="offset points", ha="center", va="bottom", fontsize=12,
+                              fontweight="bold")
     # Bottom to top: the notes, wrapped to the figure's width, then the legend; heights in figure fractions.
-    notes = [line for n in notes for line in textwrap.wrap(n, int(width * 72 / 7.5 * 1.9))]
-    note_h, legend_row_h = 7.5 * 1.5 / 72 / height, 9 * 1.9 / 72 / height
+    note_h, legend_row_h = note_in / height, legend_row_in / height
     fig.text(0.01, 0.006, "\n".join(notes), fontsize=7.5, va="bottom", ha="left", linespacing=1.5)
     legend_y = 0.012 + note_h * len(notes)
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, legend_y), ncol=ncol, frameon=False,
                fontsize=9)
-    fig.suptitle(f"{data['gpu']}: decode forward, {data['dtype']}, Hq = {hq}: GB/s against the KV length")
-    legend_rows = (len(handles) + ncol - 1) // ncol
-    fig.tight_layout(rect=(0, legend_y + legend_row_h * legend_rows, 1, 0.985))
-    fig.savefig(path, dpi=110)
+    fig.suptitle(f"{data['gpu']}: decode forward, {data['dtype']}, Hq = {hq}: GB/s against the KV cache length, "
+                 "one column per batch size")
+    fig.tight_layout(rect=(0, legend_y + legend_row_h * legend_rows, 1, 0.975), h_pad=1.2)
+    fig.savefig(path, dpi=92)  # under 300 KB
     plt.close(fig)
 
 

@@ -164,7 +164,7 @@ def plot(args):
             series.setdefault((r["program"], r["variant"], r["backward"]), []).append(r)
     floor = max(r["peak_rss_kib"] for r in records if r["N"] == 0) / 1024
     step2_lines = {"3pass": "o", "2pass": "s", "online": "^", "fa1": "v", "fa2": "D"}
-    fig, ax = plt.subplots(figsize=(7.5, 5.2))
+    fig, ax = plt.subplots(figsize=(8.5, 5.4))
     for (program, variant, backward), rs in series.items():
         rs.sort(key=lambda r: r["N"])
         style = dict(color=palette.stage_color(program), marker=step2_lines.get(variant, "o"),
@@ -174,15 +174,24 @@ def plot(args):
     ax.axhline(floor, color="gray", linestyle=":", linewidth=1)
     ax.text(ns[-1], floor * 0.82, f"the program computing nothing: {floor:.1f} MiB", fontsize=8, color="gray",
             ha="right", va="top")
-    # The values at the largest N, one label per distinct height (3pass and 2pass, and online, fa1 and fa2,
-    # lie on top of each other).
-    labelled = []
+    # The values at the largest N, one label per distinct height; where lines lie on top of each other
+    # (3pass and 2pass; online, fa1 and fa2) the label names them all, so that none is looked for in vain.
+    groups = []  # [(MiB, [labels])], highest first
     for rs in sorted(series.values(), key=lambda rs: -rs[-1]["peak_rss_kib"]):
         mib = rs[-1]["peak_rss_kib"] / 1024
-        if all(abs(mib / other - 1) > 0.1 for other in labelled):
-            labelled.append(mib)
-            ax.annotate(f"{mib:.0f} MiB" if mib >= 100 else f"{mib:.1f} MiB", (rs[-1]["N"], mib),
-                        xytext=(6, 0), textcoords="offset points", fontsize=8, va="center")
+        near = next((g for g in groups if abs(mib / g[0] - 1) <= 0.1 and g[2] == rs[-1]["N"]), None)
+        if near:
+            near[1].append(label(rs[0]))
+        else:
+            groups.append((mib, [label(rs[0])], rs[-1]["N"]))
+    for mib, names, n in groups:
+        text = f"{mib:.0f} MiB" if mib >= 100 else f"{mib:.1f} MiB"
+        if len(names) > 1:  # "step 2 3pass, step 2 2pass" -> "step 2: 3pass, 2pass (on top of each other)"
+            common = "step 2 " if all(x.startswith("step 2 ") for x in names) else ""
+            text += f"\n{common.strip() + ': ' if common else ''}" \
+                + ", ".join(x[len(common):] for x in names) + " (on top of each other)"
+        ax.annotate(text, (n, mib), xytext=(6, 0), textcoords="offset points", fontsize=7.5, va="center",
+                    linespacing=1.2)
     # A guide of slope 2: 4 bytes x N^2, one [N, N] float matrix.
     ax.plot(ns, [4 * n * n / 2**20 for n in ns], color="black", linewidth=0.8, linestyle=(0, (1, 3)),
             label="one [N, N] float matrix (4 N² bytes)")
@@ -190,7 +199,7 @@ def plot(args):
     ax.set_yscale("log")
     ax.set_xticks(ns)
     ax.set_xticklabels([str(n) for n in ns])
-    ax.set_xlim(ns[0] / 1.3, ns[-1] * 1.9)
+    ax.set_xlim(ns[0] / 1.3, ns[-1] * 5.5)  # room for the labels at the right
     ax.set_xlabel("N = Nq = Nk (B = 1, one head, d = 64)")
     ax.set_ylabel("peak resident memory [MiB]")
     first = records[0]

@@ -7,9 +7,12 @@
                                                     <!-- scoreboard:begin --> and <!-- scoreboard:end -->
 
 One bar per row of ROWS below, on a logarithmic TFLOP/s axis (step 1 on the CPU and step 4 on the GPU
-differ by a factor of about 50 000), in the colours of palette.py. Three vertical lines: the measured
-mma.sync bf16 ceiling (from CEILING_FILE), the H100's dense bf16 tensor peak and the course's goal
-(GOAL_FRACTION of that peak). Every number is read from a committed result file, never typed: a sweep
+differ by a factor of about 50 000), in the colours of palette.py, and beside it the GPU bars again on a
+linear scale, where the three vertical lines stand apart: the measured mma.sync bf16 ceiling (from
+CEILING_FILE, labelled with its value, its run's date and the range the bars' own runs measured), the
+H100's dense bf16 tensor peak and the course's goal (GOAL_FRACTION of that peak). Where a wgmma kernel
+(step 7, PyTorch's cuDNN backend) passes the mma.sync line, its value says wgmma and a note under the
+figure says why it can. Every number is read from a committed result file, never typed: a sweep
 JSON of docs/bench/sweep.py (a "records" list) or the JSON lines a stage writes with --json (what
 docs/results/cpu-*.jsonl and docs/results/raw/*configs*.jsonl hold). Runs under /usr/bin/python3
 (Debian's matplotlib); --table and --update-index need only the standard library.
@@ -24,6 +27,7 @@ import os
 import re
 import statistics
 import sys
+import textwrap
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -242,7 +246,18 @@ def plot(out):
     peak = ceiling()
     rows = [(row, lookup(row)) for row in ROWS]
     rows = [(row, rec) for row, rec in rows if rec is not None]
-    fig, ax = plt.subplots(figsize=(12, 0.42 * len(rows) + 3.6))
+    # The ceiling is CEILING_FILE's, the course's one value of it (the table in docs/index.md divides by it
+    # too); the files of the bars measured their own, which the label gives as a range.
+    own = sorted({round(read(p)[0]["mma_peak_tflops"]) for p in {row.path for row, _ in rows}
+                  if read(p) and read(p)[0].get("mma_peak_tflops")})
+    ceiling_date = (read(CEILING_FILE)[0].get("date") or "").split()[0]
+    ceiling_label = (f"mma.sync bf16 ceiling, measured: {peak:.0f} TFLOP/s (the {ceiling_date} sweep; "
+                     + (f"the runs of these bars measured {own[0]}-{own[-1]})" if len(own) > 1 else "")
+                     ) if peak else None
+    # Two axes sharing the rows: every bar on a log scale (left), and the GPU bars on a linear scale from 0
+    # (right), where the three reference lines stand apart instead of bunching within a factor of 1.5.
+    fig, (ax, lin) = plt.subplots(1, 2, figsize=(15, 0.42 * len(rows) + 4.6), sharey=True,
+                                  gridspec_kw=dict(width_ratios=[1.25, 1], wspace=0.04))
     labels = []
     for i, (row, rec) in enumerate(rows):
         peer = row.name in palette.PEERS
@@ -253,9 +268,12 @@ def plot(out):
             style = dict(color=palette.stage_color(row.name), edgecolor="none")
         ax.barh(i, rec["tflops"], height=0.7, **style)
         gpu = is_gpu(row, rec)
-        note = f"{fmt_tflops(rec['tflops'])}" + (f"  ({pct(rec['tflops'], peak)} of the ceiling)"
+        if gpu:
+            lin.barh(i, rec["tflops"], height=0.7, **style)
+        wg = "wgmma, " if gpu and row.name in palette.WGMMA and rec["tflops"] > peak else ""
+        note = f"{fmt_tflops(rec['tflops'])}" + (f"  ({wg}{pct(rec['tflops'], peak)} of the mma.sync ceiling)"
                                                  if gpu and peak else "  (CPU, other shape)")
-        ax.text(1.01, i, note, va="center", fontsize=8, transform=ax.get_yaxis_transform(), clip_on=False)
+        lin.text(1.01, i, note, va="center", fontsize=8, transform=lin.get_yaxis_transform(), clip_on=False)
         labels.append(f"{'peer' if peer else 'step ' + row.step} {MODES[row.mode]}: {row.what}")
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
@@ -265,28 +283,49 @@ def plot(out):
     ax.xaxis.set_major_locator(LogLocator(base=10))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_locator(NullLocator())
-    if peak:
-        ax.axvline(peak, color=palette.CEILING_COLOR, linestyle="--", linewidth=1.3,
-                   label=f"mma.sync bf16 ceiling, measured ({peak:.0f})")
-    ax.axvline(DENSE_PEAK, color="black", linestyle=":", linewidth=1.3, label=f"H100 dense bf16 peak ({DENSE_PEAK:.0f})")
-    ax.axvline(GOAL_FRACTION * DENSE_PEAK, color="dimgray", linestyle="-.", linewidth=1.1,
-               label=f"goal: {pct(GOAL_FRACTION, 1)} of the dense peak ({GOAL_FRACTION * DENSE_PEAK:.0f})")
-    ax.set_xlabel("TFLOP/s, log scale (FlashAttention's FLOP count: backward = 2.5 x forward)")
+    lin.set_xlim(0, DENSE_PEAK * 1.08)
+    lin.tick_params(axis="y", left=False)
+    lines = [(peak, dict(color=palette.CEILING_COLOR, linestyle="--", linewidth=1.3), ceiling_label,
+              f"mma.sync ceiling {peak:.0f}")] if peak else []
+    lines += [(GOAL_FRACTION * DENSE_PEAK, dict(color="dimgray", linestyle="-.", linewidth=1.1),
+               f"goal: {pct(GOAL_FRACTION, 1)} of the dense peak ({GOAL_FRACTION * DENSE_PEAK:.0f})",
+               f"goal {GOAL_FRACTION * DENSE_PEAK:.0f}"),
+              (DENSE_PEAK, dict(color="black", linestyle=":", linewidth=1.3),
+               f"H100 dense bf16 peak ({DENSE_PEAK:.0f}, NVIDIA's data sheet)", f"dense peak {DENSE_PEAK:.0f}")]
+    for k, (x, st, label, short) in enumerate(lines):  # each named over the linear axes, one above the other
+        ax.axvline(x, **st)
+        lin.axvline(x, label=label, **st)
+        lin.annotate(short, xy=(x, 1), xycoords=lin.get_xaxis_transform(), xytext=(0, 3 + 11 * k),
+                     textcoords="offset points", ha="center", va="bottom", fontsize=7.5, color=st["color"],
+                     arrowprops=dict(arrowstyle="-", color=st["color"], linewidth=0.6, shrinkA=0, shrinkB=0))
+    ax.set_xlabel("TFLOP/s, log scale: every row")
+    lin.set_xlabel("TFLOP/s, linear: the GPU rows and the three lines")
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3, fontsize=8, frameon=False)
+    lin.grid(True, axis="x", alpha=0.3)
     g, c = GPU_SHAPE, CPU_SHAPE
-    ax.set_title(f"Every stage of the course, bf16, {'causal' if g['causal'] else 'non-causal'}\n"
+    fig.suptitle(f"Every stage of the course, bf16, {'causal' if g['causal'] else 'non-causal'}; "
                  f"GPU rows: d = {g['d']}, N = {g['N']}; CPU rows: d = {c['d']}, N = {c['N']} "
                  "(the CPU record has no larger shape)", fontsize=10)
     runs = {}  # source file -> the runs its rows came from
     for row, rec in rows:
         runs.setdefault(row.path, {})[rec["run"]] = rec["device"] + (f", {row.machine}" if row.machine else "")
-    lines = [f"{path}: " + "; ".join(f"{dev}, {run}" for run, dev in by_run.items()) for path, by_run in runs.items()]
-    fig.text(0.01, 0.01, "Sources:\n" + "\n".join(lines), fontsize=7, va="bottom", ha="left", linespacing=1.4)
+    src = [f"{path}: " + "; ".join(f"{dev}, {run}" for run, dev in by_run.items()) for path, by_run in runs.items()]
+    over = sorted({f"step {row.step}" if row.name not in palette.PEERS else palette.peer_label(row.name)
+                   for row, rec in rows if peak and is_gpu(row, rec) and rec["tflops"] > peak
+                   and row.name in palette.WGMMA}, key=lambda x: (x.startswith("PyTorch"), x))
+    notes = ["TFLOP/s with FlashAttention's FLOP count (backward = 2.5 x forward)."]
+    if over:
+        notes.append(f"Past the red mma.sync line: {', '.join(over)}. They multiply with wgmma (Hopper's warpgroup "
+                     "MMA), not mma.sync: wgmma's ceiling is higher, bounded by the dense peak; the red line bounds "
+                     "steps 3-6 and PyTorch's flash backend, which use mma.sync.")
+    text = [w for t in notes + ["Sources:"] + src for w in textwrap.wrap(t, 190, subsequent_indent="    ")]
+    fig.text(0.01, 0.01, "\n".join(text), fontsize=7, va="bottom", ha="left", linespacing=1.4)
+    lin.legend(loc="upper center", bbox_to_anchor=(0.1, -0.07), ncol=1, fontsize=8, frameon=False)
     height = fig.get_size_inches()[1]
     # Left: the row labels; right: the column of values beside the axes; bottom: the legend and sources.
-    fig.subplots_adjust(left=0.37, right=0.84, top=1 - 0.75 / height, bottom=(1.1 + 0.14 * len(lines)) / height)
-    fig.savefig(out, dpi=110)
+    fig.subplots_adjust(left=0.31, right=0.76, top=1 - 1.0 / height,
+                        bottom=(1.05 + 0.5 + 0.14 * len(text)) / height)
+    fig.savefig(out, dpi=100)
     plt.close(fig)
 
 
