@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/host_memory.h"
 #include "harness/cli.h"
 #include "harness/registry.h"
 
@@ -71,7 +72,17 @@ int main(int argc, char** argv) {
                                       "variant, checked against step 1 and timed once): drop " + f);
     o.check = true;
     o.tuner = fa::tuned_variant;  // --tuned: the stages with configurations run step 6's choice
-    const fa::Inputs in = fa::prepare_inputs(o);
+    // Every row is checked against step 1, and each needs its fp64 reference beside the inputs and its
+    // outputs: where that alone does not fit, no row can run, so the tour refuses before drawing the inputs
+    // (the rows' own sizes are checked row by row below).
+    const fa::Inputs in = fa::prepare_inputs(o, [](const fa::Problem& p, double input_bytes) {
+      const fa::Oracle& oracle = fa::reference_oracle();
+      const double reference = oracle.host_bytes ? oracle.host_bytes(p) : 0.0;
+      const double outputs = 2 * fa::output_elements(p) * sizeof(float);
+      fa::require_host_memory(input_bytes + reference + outputs,
+                              "any row of the tour (the inputs " + fa::memory_str(input_bytes) + ", step 1's fp64 reference " +
+                                  fa::memory_str(reference) + ", the outputs " + fa::memory_str(outputs) + ")");
+    });
     const fa::Problem& p = o.problem;
     std::printf("problem: %s  (%.2f GFLOP forward)\n\n", p.describe().c_str(), p.flops_forward() * 1e-9);
     std::printf("%-34s %-32s %11s %8s %11s %12s\n", "stage", "variant", "max|O| err", "check", "time [ms]",

@@ -697,6 +697,18 @@ TEST(Tour, HelpListsOnlyTheFlagsItTakes) {
 
 // Under --backward, a variant without one is skipped naming the rows that run it, not a --variant the tour
 // would refuse.
+// The tour checks every row against step 1: a problem whose fp64 reference cannot fit is refused before the
+// inputs are drawn (exit 2, one line), not after spending their memory.
+TEST(Tour, MemoryIsRefusedBeforeTheInputsAreMade) {
+  if (!fs::exists(tour_executable())) GTEST_SKIP() << tour_executable() << " is not built";
+  const ProgramResult r = run_program(tour_executable(), {"--seq", "200000"});
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("not enough memory for any row of the tour (the inputs 1.1 GiB, step 1's fp64 reference "),
+            std::string::npos)
+      << r.err;
+  EXPECT_LT(r.max_rss_kib, 256 * 1024) << "the refused tour drew its inputs first";
+}
+
 TEST(Tour, BackwardSkipsNameTheRowsThatRunIt) {
   if (!fs::exists(tour_executable())) GTEST_SKIP() << tour_executable() << " is not built";
   const ProgramResult r = run_program(tour_executable(), {"--backward", "--seq", "16", "--dim", "8", "--heads", "1"});
