@@ -6,9 +6,19 @@ cd "$(dirname "$0")"
 PACKAGES=(cmake ninja-build g++ libeigen3-dev googletest libgtest-dev librandom123-dev libcli11-dev
           nlohmann-json3-dev python3-matplotlib python3-numpy time)
 BUILD_DIR=${BUILD_DIR:-build}
+# The filters below print as lines arrive, but mawk (Debian's awk) reads a pipe a block at a time, so their
+# lines would come in bursts, minutes late: -W interactive makes it read line by line. Other awks stream.
+AWK=(awk)
+[[ $(awk -W version 2>&1 || true) == *mawk* ]] && AWK=(awk -W interactive)
+
+# How long a first build takes on a 2-core machine without a GPU (measured; the README's "No NVIDIA GPU?"
+# quotes the same), said in the help and before a build compiles GPU stages that no GPU here can run, so
+# that the choice comes before the wait, not after it.
+BUILD_TIME_CPU_ONLY="4 min"
+BUILD_TIME_WITH_GPU="FULL_BUILD_TIME"
 
 usage() {
-  cat <<'EOF'
+  cat <<EOF
 usage: ./run.sh COMMAND [ARGS]
 
   tour [FLAGS]   build, then run every stage on its default problem: one table of error, time, throughput
@@ -20,8 +30,10 @@ usage: ./run.sh COMMAND [ARGS]
 
 Environment:
   BUILD_DIR       the build folder (default: build)
-  CMAKE_ARGS      extra configure flags: -DFA_WITH_CUDA=OFF builds the CPU stages only (a much shorter
-                  build), -DCMAKE_CUDA_ARCHITECTURES=90 the GPU stages for the H100 only
+  CMAKE_ARGS      extra configure flags: -DFA_WITH_CUDA=OFF builds the CPU stages only (a first build on
+                  2 cores: $BUILD_TIME_CPU_ONLY; with the GPU stages: $BUILD_TIME_WITH_GPU);
+                  -DCMAKE_CUDA_ARCHITECTURES=90 the GPU stages for an H100 or H200 only, =120 for an
+                  RTX 50-series card only (the default builds both)
   FA_DEPS_PREFIX  the dependencies are unpacked under this prefix, not installed: skips the package check
                   (docs/reproduce.md)
 
@@ -47,22 +59,85 @@ ensure_packages() {
   fi
 }
 
-# Quiet on purpose: CMake's notices and warnings, and the compilers' messages, are all that is printed.
+# Why no GPU here can run the GPU stages; nothing where one can. Before a build there is no tour to ask
+# (run_tests asks it), so nvidia-smi answers, by the rule of gpu/platform.cpp: an sm_9x or sm_12x GPU.
+why_no_gpu() {
+  local gpus
+  gpus=$(nvidia-smi -L 2>/dev/null) || gpus=""  # captured, not piped: grep -q would cut nvidia-smi short
+  if ! grep -q '^GPU' <<<"$gpus"; then
+    echo "no NVIDIA GPU or driver on this machine"
+    return
+  fi
+  local caps
+  caps=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null) || return 0  # an old driver: trust it
+  grep -qE '^ *(9|12)\.' <<<"$caps" || echo "no sm_90 or sm_120 GPU here (compute capability $(echo $caps))"
+}
+
+# CMake's standard output is hidden: its notices and warnings, and the compilers' messages, are what is
+# printed, with the build's progress, so that a long build is never silent.
 build() {
   ensure_packages
   local args=(-S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release)
   [ -n "${FA_DEPS_PREFIX:-}" ] && args+=("-DCMAKE_PREFIX_PATH=$FA_DEPS_PREFIX")
   # shellcheck disable=SC2206
   [ -n "${CMAKE_ARGS:-}" ] && args+=($CMAKE_ARGS)
+  # A first configure looks for nvcc and tries it: seconds to a minute, which should not pass in silence.
+  [ -f "$BUILD_DIR/CMakeCache.txt" ] || echo "run.sh: configuring $BUILD_DIR/ (CMake)"
   cmake "${args[@]}" >/dev/null
-  echo "run.sh: building in $BUILD_DIR/ (a first build with the GPU stages takes minutes)"
-  cmake --build "$BUILD_DIR" -j "$(nproc)" -- --quiet  # ninja without its line per compiled file
+  # The progress lines below are parsed: a user's own NINJA_STATUS would break them.
+  export NINJA_STATUS="[%f/%t] "
+  # ninja's dry run says what the build will do, at once, before it starts: how many files it compiles, and
+  # how many of them are CUDA (most of a first build's time). The git revision stamp runs at every build,
+  # and a dry run, which cannot see that it left the header as it was, counts the one file that includes it
+  # (harness/eval.cpp): a build of at most one C++ file is quick and stays as quiet as before.
+  local plan compiles cuda why
+  plan=$(ninja -C "$BUILD_DIR" -n 2>/dev/null) || plan=""
+  compiles=$(grep -c '^\[[0-9/]*\] Building ' <<<"$plan" || true)
+  cuda=$(grep -c '^\[[0-9/]*\] Building CUDA object' <<<"$plan" || true)
+  if [ "$compiles" -le 1 ] && [ "$cuda" -eq 0 ]; then
+    cmake --build "$BUILD_DIR" -j "$(nproc)" -- --quiet
+    return
+  fi
+  local files="files"; [ "$compiles" -eq 1 ] && files="file"
+  echo "run.sh: building in $BUILD_DIR/: $compiles $files to compile, $cuda of them CUDA"
+  if [ "$cuda" -gt 0 ]; then
+    why=$(why_no_gpu)
+    [ -n "$why" ] && echo "run.sh: $why, yet the GPU stages are compiled (a first build on 2 cores:" \
+      "$BUILD_TIME_WITH_GPU); CMAKE_ARGS=-DFA_WITH_CUDA=OFF ./run.sh ${COMMAND:-build} builds the CPU stages only" \
+      "($BUILD_TIME_CPU_ONLY)"
+  fi
+  if [ -t 1 ]; then
+    cmake --build "$BUILD_DIR" -j "$(nproc)"  # on a terminal, ninja's [n/N] line rewrites itself
+  else
+    # In a log (CI), a line per compiled file would be hundreds: a line every 10 % of the steps instead,
+    # with the time so far; everything else (warnings, errors, FAILED: and its command) passes through.
+    local start=$SECONDS
+    cmake --build "$BUILD_DIR" -j "$(nproc)" | "${AWK[@]}" -v start="$(date +%s)" '
+      match($0, /^\[[0-9]+\/[0-9]+\] /) {
+        split(substr($0, 2, RLENGTH - 3), nt, "/")
+        tenth = int(10 * nt[1] / nt[2])
+        if (tenth > shown && tenth < 10) {
+          shown = tenth
+          "date +%s" | getline now; close("date +%s")
+          t = now - start
+          printf "run.sh: built %d of %d steps (%d %%) in %s\n", nt[1], nt[2], int(100 * nt[1] / nt[2]),
+                 t < 60 ? t " s" : int(t / 60) " min " t % 60 " s"
+          fflush()
+        }
+        next
+      }
+      { print; fflush() }'
+    # The last step may never be printed (ninja drops steps it finds up to date on the way), and a failed
+    # build stops here (set -e): the end is said once, on success.
+    local t=$((SECONDS - start))
+    echo "run.sh: built in $([ $t -lt 60 ] && echo "$t s" || echo "$((t / 60)) min $((t % 60)) s")"
+  fi
 }
 
 # ctest in the build folder. Running tests in parallel, it announces each one twice ("Start", then the
 # result): only the result is kept, and of the passing ones a line every 25 (a run has hundreds).
 ctest_quiet() {
-  (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" "$@") | awk '
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" "$@") | "${AWK[@]}" '
     /^ *Start / { next }                                   # announced twice: keep only the result
     / Passed +[0-9.]+ sec$/ { if (++n % 25 == 0) printf "  ... %d tests passed so far\n", n; fflush(); next }
     { print; fflush() }                                    # failures, skips, output and the summary'
@@ -92,6 +167,7 @@ run_tests() {
   return $rc
 }
 
+COMMAND=${1:-}  # named in the no-GPU hint, so that its command line can be copied as it is
 case "${1:-}" in
   tour)  shift; build; "$BUILD_DIR/flashattention_tour" "$@" ;;
   test)  shift; build; run_tests "$@" ;;
