@@ -25,7 +25,9 @@ What is done with each:
                       BUILD_DIR has no step 7 (built only when 90 is among the CUDA architectures);
            template   it stands for a command to adapt: <gpu>, "...", or a name in capitals (OLD_BUILD).
 Fails, with the file and line of each, when a command exits with another status or runs out of time,
-or a test regex selects nothing.
+or a test regex selects nothing, or a run command writes into the tree (a committed file changed, or a new
+file under the copy) without saying so: a command shown to a reader writes to a scratch path, unless its
+comment says it `regenerates` a committed file (`... plot.py ...json   # regenerates sweep-...-fwd.png`).
 """
 import argparse
 import glob
@@ -172,8 +174,22 @@ def listed(build_dir, regex):
     return int(m[1]) if m else 0
 
 
+def files_of(scratch):
+    """Every plain file of the scratch copy (not through the links to the sources) and when it was written."""
+    out = {}
+    for top, dirs, files in os.walk(scratch):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
+        for f in files:
+            path = os.path.join(top, f)
+            if not os.path.islink(path):
+                st = os.stat(path)
+                out[os.path.relpath(path, scratch)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
 def run(command, scratch, expected):
     """(what to print, the failure or None) of one command run in the scratch tree."""
+    before = files_of(scratch)
     start = time.monotonic()
     try:
         p = subprocess.run(["sh", "-c", command], cwd=scratch, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -182,6 +198,11 @@ def run(command, scratch, expected):
         as_text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
         status, output = f"none within {TIMEOUT_S} s", as_text(e.stdout) + as_text(e.stderr)
     said = f"run  (exit {status}, {time.monotonic() - start:5.1f} s)"
+    after = files_of(scratch)
+    written = sorted(f for f in after if before.get(f) != after[f])
+    if written and "regenerates" not in split_comment(command)[1]:
+        return said, (f"writes into the tree ({', '.join(written[:5])}): write to a scratch path, or say in its "
+                      f"comment that it regenerates a committed file\n    {command}")
     if status == expected:
         return said, None
     tail = "\n".join("    | " + line for line in output.rstrip().split("\n")[-15:])
