@@ -235,9 +235,9 @@ def main():
         errors = []
         for f in files:
             if f not in stays:
-                kinds = sorted({k for _, k in cites[f]}) or ["no page"]
-                errors.append(f"{f}: cited by {', '.join(kinds)} only, not by a page on the reader's path: "
-                              "git rm it (git keeps it), or cite it")
+                kinds = sorted({k for _, k in cites[f]})
+                who = f"cited only by {' and '.join(kinds)} pages" if kinds else "cited by no page"
+                errors.append(f"{f}: {who}, not by one on the reader's path: git rm it (git keeps it), or cite it")
         if not os.path.isfile(os.path.join(ROOT, INDEX)):
             errors.append(f"{INDEX}: missing")
         elif read(INDEX) != with_table(read(INDEX), table(kept, cites, described)):
