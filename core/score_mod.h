@@ -165,8 +165,8 @@ FA_HD T softcap_grad(const ScoreMod& m, T s_capped) {
 // The same derivative from the pre-softcap score x, for the kernels: sech^2(x / c) = 4u / (1 + u)^2 with
 // u = e^(-2|x| / c). Why not 1 - t^2 from the capped score: a kernel's t comes from tanh.approx, whose
 // relative error of about 2^-11 is an absolute error of 2^-11 where tanh is near 1, and 1 - t^2 cancels
-// there; once |x| passes a few c, the derivative (e^(-2|x|/c) small) is as small as that error, and dQ and
-// dK of scores far beyond the cap lose every digit. ex2.approx's error is relative to u itself, so this
+// there; once |x| passes a few c, the derivative (about 4 e^(-2|x|/c)) is as small as that error, so the
+// derivative of a score far beyond the cap has no correct digit. ex2.approx's error is relative to u, so this
 // form keeps its digits at any |x|. A -inf score (a bias's mask) gives u = 0: derivative 0, no NaN. kLone:
 // the caller's kernel is compiled with the softcap alone (its flag is known to be on).
 template <bool kLone = false, typename T>
