@@ -35,7 +35,6 @@ struct PanelLayout {
   static constexpr int kPanelCols = 64;                                // 64 x 16-bit = one 128-byte row
   static constexpr int kRowBytes = L == SmemLayout::kPadded ? 144 : 128;
   static constexpr int kPanelBytes = Rows * kRowBytes;                 // one [Rows, 64] panel
-  static constexpr int kPanelElems = Rows * kPanelCols;                // the same, in elements (not kPadded)
 
   // Byte offset of panel c, the columns 64c .. 64c + 63.
   FA_HD static constexpr uint32_t panel(int c) { return uint32_t(c * kPanelBytes); }
