@@ -66,7 +66,7 @@ FA_HD void merge_acc(float* acc1, const float* acc2, int n, MergeFactors c) {
 }
 
 // The state of a finished partial result stored as (LSE, O), O already divided by its own l: (m, l, acc) =
-// (LSE, 1, O), or the empty state (-inf, 0, 0) for a part that saw no key. Split-KV (step 4e, combine.cuh)
+// (LSE, 1, O), or the empty state (-inf, 0, 0) for a part that saw no key. Split-KV (step 4f, combine.cuh)
 // stores each split so and merges these states: the merge of all splits is the state over all keys.
 FA_HD SoftmaxState partial_state(float lse) { return SoftmaxState{lse, lse == -INFINITY ? 0.0f : 1.0f}; }
 

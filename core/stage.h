@@ -96,7 +96,7 @@ struct Stage {
   // (e.g. it changes what the default guarantees), or "" when it may; unset: every one may.
   std::function<std::string(const std::string& config)> tuning_exclusion;
   // The split counts (--splits) step 6 times configuration `config` with on p, beside the stage's own
-  // choice; empty where `config` has no split-KV path or p is not a decode (step 4: a 4e configuration and
+  // choice; empty where `config` has no split-KV path or p is not a decode (step 4: a 4f configuration and
   // a head's query rows shorter than a tile). Unset: none.
   std::function<std::vector<int64_t>(const Problem& p, const std::string& config)> tuning_splits;
   // Per block: shared memory (bytes) and threads of a variant on problem p. Step 6 filters on these

@@ -1,6 +1,6 @@
 // FlashAttention, step by step — core/tile_range.h
 // Which tiles a block visits, as pure integer arithmetic on the mask: the K/V tiles a query tile's rows see
-// (the forward: step 4's scheduler, 4e's splits, step 7; step 5's dQ kernel), and the query tiles whose rows
+// (the forward: step 4's scheduler, 4f's splits, step 7; step 5's dQ kernel), and the query tiles whose rows
 // see a block of keys (step 5's dK/dV and atomic kernels). FA_HD, so that the kernels and the host tests
 // (tests/test_host_kernels.cpp) run the same code: a tile is in the range iff some (row, key) pair of it is
 // visible (core/score_mod.h: visible), checked there against brute force.
@@ -65,7 +65,7 @@ FA_HD TileRange query_tiles(bool causal, int64_t input_pos, int Nq, int Nk, int 
   return {first_row >= Nq ? num_m : int(first_row / Bq), num_m};
 }
 
-// Split s's share of a query tile's K/V tiles `all`, `per_split` tiles to a split (split-KV, step 4e): from
+// Split s's share of a query tile's K/V tiles `all`, `per_split` tiles to a split (split-KV, step 4f): from
 // all.begin + s * per_split on, cut at all.end; empty for a split past the end (it writes the merge's identity).
 FA_HD TileRange split_share(TileRange all, int s, int per_split) {
   const int begin = all.begin + s * per_split;

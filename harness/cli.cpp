@@ -202,7 +202,7 @@ void check_common_flags(const Stage& s, const CommonOptions& o) {
       if (set) mods += (mods.empty() ? "" : ", ") + std::string(flag);
     if (!mods.empty() && !s.has_score_mods)  // a stage that does not declare has_score_mods (core/stage.h)
       throw std::invalid_argument(s.name + " has no score modifiers (" + mods + "): steps 1 to 6 have them "
-                                  "(step 4 in its 4d and 4e configurations)");
+                                  "(step 4 in its 4e and 4f configurations)");
   }
   if (o.tuned && s.tuning_variants.empty())
     throw std::invalid_argument(s.name + " has no configurations to tune (--tuned)");

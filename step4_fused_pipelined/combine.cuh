@@ -1,4 +1,4 @@
-// FlashAttention, step by step — step 4e: merging the splits (step4_fused_pipelined/combine.cuh)
+// FlashAttention, step by step — step 4f: merging the splits (step4_fused_pipelined/combine.cuh)
 //
 // What it adds: the second kernel of split-KV. Split s of a row left (LSE_s, O_s), which is the online-softmax
 // state (m, l, acc) = (LSE_s, 1, O_s), or the empty state (-inf, 0, 0) when the split saw no key. The row's
@@ -17,7 +17,7 @@
 //      round trip, not three (LSEs, LSEs again for the weights, then O).
 // Lane k holds columns k * D / 32 .. of O (contiguous, so a warp reads whole rows).
 // merge_row is the work of one warp on one row: the combine kernel runs it on every row, and the split kernel's
-// last block of a short query tile runs it on that tile's rows (kernel_4e_split_kv.cuh), with no second kernel.
+// last block of a short query tile runs it on that tile's rows (kernel_4f_split_kv.cuh), with no second kernel.
 // Limits: reads every split of every row once (splits x rows x d floats): small next to K and V at decode.
 #pragma once
 #include <cuda_runtime.h>

@@ -13,7 +13,7 @@
 #include "gpu/config_list.h"
 #include "gpu/gpu_types.h"
 #include "step4_fused_pipelined/kernel_traits.h"
-#include "step4_fused_pipelined/splits.h"  // how many splits 4e runs a decode with
+#include "step4_fused_pipelined/splits.h"  // how many splits 4f runs a decode with
 
 namespace fa::step4 {
 
@@ -40,7 +40,7 @@ struct Configs {
   using Sm120 = Fwd<kSm120>;
   static_assert(kFwdSmemBytes<Sm120> <= kSm120SmemBytes,
                 "the sm_120 default must fit in sm_120's 99 KB of shared memory per block");
-  // Decoding (a head's queries fill less than a tile, or --splits): 4e, split-KV, on either architecture.
+  // Decoding (a head's queries fill less than a tile, or --splits): 4f, split-KV, on either architecture.
   // At d = 64 a tile of 128 keys (16 KB of K, 16 KB of V per barrier wait), at d = 128 one of 64 (the same
   // bytes; 128 keys would not fit sm_120). The other key-tile length is a configuration too (step 6 tries it).
   static constexpr FwdTiles kDecode{.Br = 64, .Bc = D == 64 ? 128 : 64, .stages = 2, .split_kv = true};
@@ -73,7 +73,7 @@ struct Configs {
 // tiles_name made of them.
 inline std::optional<FwdTiles> tiles_named(const std::string& name) { return config_tiles_named<Configs>(name); }
 
-// Does the configuration named `name` run 4e, split-KV decoding? (No for a name neither list holds.)
+// Does the configuration named `name` run 4f, split-KV decoding? (No for a name neither list holds.)
 inline bool is_split_kv(const std::string& name) {
   const std::optional<FwdTiles> tiles = tiles_named(name);
   return tiles && tiles->split_kv;

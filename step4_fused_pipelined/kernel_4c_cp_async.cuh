@@ -59,7 +59,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) forward_4c(const AttnParams p
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const QueryTileWork w(p, Br, Bc);  // which query tile, which K/V tiles (scheduler.cuh)
+  const CausalMask mask(p);              // which keys each row sees (mask.h)
+  const QueryTileWork w(p, mask, Br, Bc, blockIdx.x);  // which query tile, which K/V tiles (scheduler.cuh)
   const T* q = static_cast<const T*>(p.q) + int64_t(w.bh) * p.Nq * D;     // [Nq, D] of this query head
   const T* k = static_cast<const T*>(p.k) + int64_t(w.bh_kv) * p.Nk * D;  // [Nk, D] of its KV head
   const T* v = static_cast<const T*>(p.v) + int64_t(w.bh_kv) * p.Nk * D;
@@ -82,6 +83,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) forward_4c(const AttnParams p
   float o[kOTiles][4] = {};  // O accumulators: rows g, g+8; columns nd*8 + 2t, +1
   RowSoftmax<kSTiles, kOTiles> softmax;
   const int row_g = w.m0 + 16 * warp + g;  // absolute query row of this thread's row g
+  // The tile test's rows: the warp's, within Q (the forward stores no row past the end of Q).
+  const CausalMask::Span warp_rows = mask.span(w.m0 + 16 * warp, min(w.m0 + 16 * warp + 15, p.Nq - 1));
 
   for (int n = 0; n < w.n_tiles; ++n) {
     ptx::cp_async_wait<0>();  // this thread's copies of tile n landed
@@ -103,7 +106,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) forward_4c(const AttnParams p
 
     // Mask only where needed: the tail of K, or a tile that crosses this warp's diagonal.
     const int key0 = n * Bc;
-    if (keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc)) apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
+    if (mask.needs(warp_rows, key0, Bc)) apply_mask(mask, s, row_g, row_g + 8, key0 + 2 * t);
 
     softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
     if constexpr (kDropout) keep.apply(s, p.dropout.keep_scale);

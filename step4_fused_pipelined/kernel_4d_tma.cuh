@@ -14,9 +14,8 @@
 //  - 128-byte swizzled tiles (TMA writes them, ldmatrix reads them without bank conflicts);
 //  - S = Q K^T and O += P V on the tensor cores (mma.sync.m16n8k16, fp32 accumulators); P goes from the
 //    S accumulators straight into A fragments: no shared-memory round trip;
-//  - causal: tiles above the diagonal are never loaded, and only tiles that cross it are masked;
-//  - compiled with kMods, the score modifiers and masks of score_mod.cuh: a bias, ALiBi, a softcap act on
-//    every score, a sliding window's outside tiles are never loaded (kMods = 0: none of this code).
+//  - the mask is a type (mask.h): causal tiles above the diagonal are never loaded, and only tiles that
+//    cross it are masked. 4e's score modifiers (score_mod.cuh) are another mask type: this kernel runs them.
 // Paper equations (FlashAttention-2, Alg. 1, lines 8-12), per K/V tile j, rows of the block's tile i:
 //   S_i^(j) = Q_i K_j^T;  m_i^(j) = max(m_i^(j-1), rowmax(S_i^(j)));  P_i^(j) = exp(S_i^(j) - m_i^(j))
 //   l_i^(j) = e^(m_i^(j-1) - m_i^(j)) l_i^(j-1) + rowsum(P_i^(j));  O_i^(j) = e^(..) O_i^(j-1) + P_i^(j) V_j
@@ -40,13 +39,12 @@
 #include "step4_fused_pipelined/mask.h"
 #include "step4_fused_pipelined/ring.cuh"
 #include "step4_fused_pipelined/scheduler.cuh"
-#include "step4_fused_pipelined/score_mod.cuh"
 #include "step4_fused_pipelined/softmax.h"
 
 namespace fa::step4 {
 
 // grid = (ceil(Nq / Br) * Hq * B), block = 32 * kWarps threads, dynamic shared memory kFwdSmemBytes<Tr>.
-template <class Tr, bool kDropout, int kMods = 0>
+template <class Tr, bool kDropout, class Mask = CausalMask>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     fused_forward(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                   const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
@@ -64,8 +62,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const ScoreMods<kMods == 0 ? kModMask : kMods> mods(p);  // kMods: the score modifiers (read from p.mods), else unused
-  const QueryTileWork w(p, Br, Bc, Tr::kOrder, kMods != 0 ? &mods.m : nullptr);  // which query tile, which K/V tiles (scheduler.cuh)
+  const Mask mask(p);                                // which keys each row sees (mask.h)
+  const QueryTileWork w(p, mask, Br, Bc, blockIdx.x, Tr::kOrder);  // which query tile, which K/V tiles (scheduler.cuh)
 
   // One thread issues every TMA copy: K (or V) tile n into its ring's slot.
   auto load_k = [&](int n) { k_ring.template load<typename Tr::KVTile>(n, sm.k[0], &tm_k, (w.n_begin + n) * Bc, w.bh_kv); };
@@ -103,9 +101,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float o[kOTiles][4] = {};  // O accumulators: rows g, g+8; columns nd*8 + 2t, +1
   RowSoftmax<kSTiles, kOTiles> softmax;
   const int row_g = w.m0 + 16 * warp + g;  // absolute query row of this thread's row g
-  // kMods: this thread's two rows as the modifier sees them
-  const ModRow mod_g = kMods != 0 ? mods.row(w.b, w.h, row_g) : ModRow{}, mod_g8 = kMods != 0 ? mods.row(w.b, w.h, row_g + 8) : ModRow{};
-  const ModRow mod_warp = kMods != 0 ? mods.common(w.m0 + 16 * warp, w.m0 + 16 * warp + 15) : ModRow{};  // keys all its rows see
+  const typename Mask::Row r_g = mask.row(w.b, w.h, row_g), r_g8 = mask.row(w.b, w.h, row_g + 8);  // as the mask sees them
+  // The tile test's rows: the warp's, within Q (the forward stores no row past the end of Q).
+  const typename Mask::Span warp_rows = mask.span(w.m0 + 16 * warp, min(w.m0 + 16 * warp + 15, p.Nq - 1));
 
   for (int n = 0; n < w.n_tiles; ++n) {
     if constexpr (kStages == 1) refill(n);  // one slot: tile n can only be loaded once n-1 is released
@@ -123,14 +121,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     if constexpr (kStages > 1) refill(n);  // after this warp's Q K^T: the other warps are likely done with n-1
 
-    // Mask only where needed: the tail of K, or a tile that crosses this warp's diagonal. With modifiers:
-    // every tile when one changes values, else the tiles the mask or an end cuts (score_mod.cuh).
+    // Mask only where needed: a tile that crosses an end or this warp's diagonal (mask.h's needs).
     const int key0 = (w.n_begin + n) * Bc;
-    if constexpr (kMods != 0) {
-      if (mods.needed(mod_warp, key0, Bc)) mods.apply(s, mod_g, mod_g8, key0 + 2 * t);
-    } else if (keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc)) {
-      apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
-    }
+    if (mask.needs(warp_rows, key0, Bc)) apply_mask(mask, s, r_g, r_g8, key0 + 2 * t);
 
     softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
     if constexpr (kDropout) keep.apply(s, p.dropout.keep_scale);

@@ -40,13 +40,13 @@ struct FwdTiles {
   SmemLayout layout = SmemLayout::kSwizzle;
   TileCopy copy = TileCopy::kTma;
   bool head_fast = false;  // the block-order ablation (scheduler.cuh, TileOrder::kHeadFast)
-  bool split_kv = false;   // 4e: split-KV decoding (kernel_4e_split_kv.cuh), a TMA kernel
+  bool split_kv = false;   // 4f: split-KV decoding (kernel_4f_split_kv.cuh), a TMA kernel
 };
 
 // "Br64-Bc64-W4-S2" (4d, TMA), "4a-Br64-Bc64-W4-padded", "4c-Br64-Bc64-W4-S2": what --variant and step 6's
 // tuner call the configuration of these tiles.
 inline std::string tiles_name(const FwdTiles& t) {
-  const std::string label = t.split_kv ? "4e-"
+  const std::string label = t.split_kv ? "4f-"
                             : t.copy == TileCopy::kTma ? ""
                             : t.copy == TileCopy::kCpAsync ? "4c-"
                             : t.layout == SmemLayout::kPadded ? "4a-" : "4b-";
@@ -88,7 +88,7 @@ struct FwdTraits {
   static_assert(kCopy != TileCopy::kCpAsync || kStages == 2, "4c double-buffers: tile j+1 lands while j is used");
   static_assert(kCopy != TileCopy::kTma || kLayout != SmemLayout::kPadded, "TMA writes dense rows, never padded ones");
   static_assert(!kSplitKv || (kCopy == TileCopy::kTma && kLayout == SmemLayout::kSwizzle && !kTiles.head_fast),
-                "4e is 4d's kernel (TMA, swizzled tiles) with split-KV");
+                "4f is 4d's kernel (TMA, swizzled tiles) with split-KV");
 
   // Registers per thread for the fragments (the rest is addresses and softmax state):
   // Q: D/16 k-steps x 4 regs, O: D/8 n-tiles x 4 floats, S: Bc/8 n-tiles x 4 floats.

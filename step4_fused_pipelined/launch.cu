@@ -31,8 +31,12 @@ extern template std::function<void()> prepare_named<__half, 128>(const std::stri
 namespace {
 
 // The chapter's sub-steps, in order: each variant runs the default's tiles with that sub-step's kernel.
-const std::pair<const char*, Substep> kSubsteps[] = {
-    {"4a-padded", Substep::k4a}, {"4b-swizzle", Substep::k4b}, {"4c-cp-async", Substep::k4c}, {"4d-tma", Substep::k4d}};
+// 4e is 4d's kernel with score_mod.cuh's mask type, chosen by the problem's modifiers (prepare.cuh): the same tiles.
+const std::pair<const char*, Substep> kSubsteps[] = {{"4a-padded", Substep::k4a},
+                                                     {"4b-swizzle", Substep::k4b},
+                                                     {"4c-cp-async", Substep::k4c},
+                                                     {"4d-tma", Substep::k4d},
+                                                     {"4e-score-mods", Substep::k4d}};
 
 // Decoding: a head's query rows fill less than one tile of the defaults, or --splits asks for split-KV.
 bool decodes(const Problem& p) { return p.splits > 0 || p.Nq < 64; }
@@ -40,7 +44,7 @@ bool decodes(const Problem& p) { return p.splits > 0 || p.Nq < 64; }
 template <int D>
 std::string resolve(const Problem& p, const std::string& variant, int cc_major) {
   using C = Configs<__nv_bfloat16, D>;
-  if (variant == "4e-split-kv" || (variant == "auto" && decodes(p))) return C::Decode::name();
+  if (variant == "4f-split-kv" || (variant == "auto" && decodes(p))) return C::Decode::name();
   const FwdTiles tiles = cc_major >= 12 ? C::kSm120 : C::kSm90;
   for (const auto& [name, step] : kSubsteps)
     if (variant == name) return tiles_name(substep(tiles, step));
@@ -87,9 +91,10 @@ Stage stage() {
   s.name = "step4_fused_pipelined";
   s.title = "fused forward: TMA ring of K/V stages, swizzled smem, mma.sync, P in registers";
   s.platform = &cuda_platform();
-  s.variants = {"auto", "sm90", "sm120", "4a-padded", "4b-swizzle", "4c-cp-async", "4d-tma", "4e-split-kv"};
+  s.variants = {"auto",   "sm90",   "sm120", "4a-padded", "4b-swizzle", "4c-cp-async", "4d-tma", "4e-score-mods",
+                "4f-split-kv"};
   s.has_splits = true;
-  s.has_score_mods = true;  // in 4d's and 4e's configurations (kernel_traits.h, kHasMods)
+  s.has_score_mods = true;  // in 4e's and 4f's configurations (kernel_traits.h, kHasMods)
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});
   // The chapter's sub-steps 4a-4c and the block-order ablation are lessons, slower than 4d by design: step 6
   // does not spend time on them (the configuration test still checks every one).
@@ -101,21 +106,21 @@ Stage stage() {
     return "";
   };
   // What it runs (core/stage.h, Supports): bf16 and fp16 (tensor cores), d 64 and 128, dropout everywhere;
-  // the modifiers in the variants that resolve to 4d's and 4e's kernels and the configurations compiled with
-  // them (kHasMods); --splits where the variant runs 4e.
+  // the modifiers in the variants that resolve to 4e's and 4f's kernels and the configurations compiled with
+  // them (kHasMods), but not in 4d-tma, the sub-step before them; --splits where the variant runs 4f.
   s.supports.dtypes = {DType::bf16, DType::fp16};
   s.supports.head_dims = {64, 128};
-  s.supports.score_mods = {"auto", "sm90", "sm120", "4d-tma", "4e-split-kv"};
+  s.supports.score_mods = {"auto", "sm90", "sm120", "4e-score-mods", "4f-split-kv"};
   for (const auto& names : {config_names_with_mods(Configs<__nv_bfloat16, 64>::All{}),
                             config_names_with_mods(Configs<__nv_bfloat16, 128>::All{})})
     for (const std::string& n : names)
       if (std::find(s.supports.score_mods.begin(), s.supports.score_mods.end(), n) == s.supports.score_mods.end())
         s.supports.score_mods.push_back(n);
-  s.supports.splits = {"auto", "4e-split-kv"};
+  s.supports.splits = {"auto", "4f-split-kv"};
   for (const std::string& n : s.tuning_variants)
     if (is_split_kv(n)) s.supports.splits.push_back(n);
   s.config_of = config_of;
-  // Step 6 times a decode in each 4e configuration with every split count of configs.h too, beside
+  // Step 6 times a decode in each 4f configuration with every split count of configs.h too, beside
   // choose_splits' own choice.
   s.tuning_splits = [](const Problem& p, const std::string& config) {
     std::vector<int64_t> counts;
@@ -134,12 +139,15 @@ Stage stage() {
     return shape;
   };
   s.unsupported = [](const Problem& p, const std::string& v) {
-    // Whether v runs 4e does not depend on the architecture (auto with --splits always does): no GPU needed.
+    // Whether v runs 4f does not depend on the architecture (auto with --splits always does): no GPU needed.
     if (p.splits > 0 && !is_split_kv(config_of(p, v, /*cc_major=*/9)))
-      return std::string("--splits needs the split-KV kernel: --variant auto, 4e-split-kv or a 4e- configuration");
+      return std::string("--splits needs the split-KV kernel: --variant auto, 4f-split-kv or a 4f- configuration");
     if (std::string why = unsupported(p); !why.empty()) return why;
+    if (p.has_score_mods() && v == "4d-tma")
+      return std::string("4d-tma is the sub-step before the score modifiers (the plain mask, mask.h): run them with "
+                         "--variant 4e-score-mods or auto");
     if (p.has_score_mods() && !resolves_to_mods<Configs>(p, v, config_of, "step 4"))
-      return std::string("score modifiers run in 4d's and 4e's configurations (TMA, swizzled tiles); the "
+      return std::string("score modifiers run in 4e's and 4f's configurations (TMA, swizzled tiles); the "
                          "chapter's sub-steps 4a-4c and the ablations are compiled without them");
     return std::string();
   };

@@ -1,57 +1,73 @@
-// FlashAttention, step by step — step 4: masking scores in registers (step4_fused_pipelined/mask.h)
+// FlashAttention, step by step — step 4: the mask as a policy (step4_fused_pipelined/mask.h)
 //
-// The causal mask (core/problem.h, sees) and the end of K act on the S accumulators of mma.sync. A thread
-// of the warp holds, for each n8 tile nt of S, four scores (mma C fragment, gpu/ptx.h):
+// What it adds: one type that says which keys each query row sees, in the three forms a kernel needs (as
+// FlashAttention 3's hopper/mask.h and cutlass' fmha_fusion.hpp do):
+//   the trip count   key_tiles(rows): which K/V tiles a block of query rows visits; query_tiles(keys): which
+//                    query tiles see a block of keys (the backward's transposed loop);
+//   the tile test    needs(span, k0, cols): does a tile cross an edge of the mask, so that it pays for the
+//                    per-element test? Every other tile passes untouched;
+//   the element      row(b, h, i): what a thread keeps of query row i; visible(row, j) and operator()(s, row, j):
+//                    the score, or -inf where the row does not see key j; apply_mask() runs it over a thread's
+//                    S accumulators.
+// CausalMask is the mask of the plain kernels: the causal rule (core/problem.h, sees, aligned bottom-right by
+// input_pos) and the ends of Q and K (a tile's rows and keys past them are zero-filled by TMA). Step 4e's
+// ScoreMods (score_mod.cuh) is the same interface with the sliding window and the value modifiers, so a kernel
+// written against it runs either; adding a mask kind is a new type with these members.
+// The S accumulators of mma.sync: a thread of the warp holds, for each n8 tile nt of S, four scores
+// (mma C fragment, gpu/ptx.h):
 //   s[nt][0..1] = row g,     keys nt*8 + 2t, +1          (g = lane / 4, t = lane % 4)
 //   s[nt][2..3] = row g + 8, keys nt*8 + 2t, +1
-// Only tiles that cross the diagonal or an end pay for the per-element test (the *_need_mask predicates);
-// all others skip this code entirely. Step 5's kernels use tile_needs_mask and FA_VISIBLE.
 #pragma once
 #include <cmath>
 #include <cstdint>
 
 #include "core/problem.h"
+#include "core/tile_range.h"
 #include "gpu/attn_params.h"
 
 namespace fa::step4 {
 
-// The backward's test of element (i, j): query row i exists (rows past the end of Q are zero-filled tiles
-// whose products must add nothing) and sees key j. A macro, not a function: written as a function, the
-// same test changes how the compiler lays out the backward kernels, and they run slower
-// (docs/results/structure.md).
-#define FA_VISIBLE(p, i, j) ((i) < (p).Nq && (j) < (p).Nk && ::fa::sees((p).causal, (p).input_pos, (i), (j)))
+struct CausalMask {
+  static constexpr bool kChangesValues = false;  // a tile the mask does not cross passes untouched
+  const AttnParams& p;  // its shapes, causal and input_pos, read where used (a kernel's parameters)
 
-// True when a key of [k0, k0 + cols) is masked for the rows from one whose diagonal is key `diag` on
-// (diag = input_pos + that row): past the end of K, or above that diagonal (later rows see more).
-__device__ __forceinline__ bool keys_need_mask(const AttnParams& p, int64_t diag, int k0, int cols) {
-  return k0 + cols > p.Nk || (p.causal && k0 + cols - 1 > diag);
-}
-// The same for the tile [q0, q0 + rows) x [k0, k0 + cols), where a row past Nq counts as masked too (the
-// backward, whose products sum over rows). In every other tile each row sees a key, so its LSE is finite.
-// (Spelled out rather than calling keys_need_mask: the compiled backward kernels depend on this exact form.)
-__device__ __forceinline__ bool tile_needs_mask(const AttnParams& p, int q0, int rows, int k0, int cols) {
-  return q0 + rows > p.Nq || k0 + cols > p.Nk || (p.causal && int64_t(k0) + cols - 1 > p.input_pos + q0);
-}
+  __device__ explicit CausalMask(const AttnParams& params) : p(params) {}
 
-// Sets the scores of keys a row does not see to -inf. i0, i8: the query rows (position - input_pos) of this
-// thread's rows g and g + 8; key_2t: absolute key of its column 2t in n-tile 0.
-template <int NT>
-__device__ __forceinline__ void apply_mask(float (&s)[NT][4], int i0, int i8, int key_2t, int Nk, bool causal,
-                                           int64_t input_pos) {
+  // ---- the trip count (core/tile_range.h: every visible pair is in a visited tile) ----
+  __device__ TileRange key_tiles(int first_row, int last_row, int Bc) const {
+    return fa::key_tiles(p.causal, p.input_pos, p.Nk, first_row, last_row, Bc);
+  }
+  __device__ TileRange query_tiles(int k0, int Bc, int Bq) const {
+    return fa::query_tiles(p.causal, p.input_pos, p.Nq, p.Nk, k0, Bc, Bq);
+  }
+
+  // ---- the tile test: rows first .. last (a warp's, or a tile's) against keys [k0, k0 + cols) ----
+  struct Span {
+    int first, end;  // rows [first, end)
+  };
+  __device__ Span span(int first, int last) const { return {first, last + 1}; }
+  // True when some element is hidden: a row past the end of Q (the backward sums over rows: they must add
+  // nothing), a key past the end of K, or a key above the first row's diagonal (later rows see more).
+  __device__ __forceinline__ bool needs(const Span& r, int k0, int cols) const {
+    return r.end > p.Nq || k0 + cols > p.Nk || (p.causal && int64_t(k0) + cols - 1 > p.input_pos + r.first);
+  }
+
+  // ---- the element: what a row keeps (here its index i), and the test of key j ----
+  using Row = int;
+  __device__ Row row(int /*b*/, int /*h*/, int i) const { return i; }
+  __device__ __forceinline__ bool visible(Row i, int j) const { return i < p.Nq && j < p.Nk && sees(p.causal, p.input_pos, i, j); }
+  __device__ __forceinline__ float operator()(float s, Row i, int j) const { return visible(i, j) ? s : -INFINITY; }
+};
+
+// The forward's S accumulators through a mask (any mask type: operator() and a Row): row r0 (r8) is this
+// thread's row g (g + 8), key_2t the key of its column 2t in n-tile 0; hidden scores become -inf.
+template <int NT, class Mask>
+__device__ __forceinline__ void apply_mask(const Mask& mask, float (&s)[NT][4], const typename Mask::Row& r0,
+                                           const typename Mask::Row& r8, int key_2t) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int j = key_2t + nt * 8 + (e & 1);
-      const int i = e < 2 ? i0 : i8;
-      if (j >= Nk || !sees(causal, input_pos, i, j)) s[nt][e] = -INFINITY;
-    }
-}
-// The usual tile, whose rows are consecutive query rows: row_g and row_g + 8 (4e's packed tiles are not).
-template <int NT>
-__device__ __forceinline__ void apply_mask(float (&s)[NT][4], int row_g, int key_2t, int Nk, bool causal,
-                                           int64_t input_pos) {
-  apply_mask(s, row_g, row_g + 8, key_2t, Nk, causal, input_pos);
+    for (int e = 0; e < 4; ++e) s[nt][e] = mask(s[nt][e], e < 2 ? r0 : r8, key_2t + nt * 8 + (e & 1));
 }
 
 }  // namespace fa::step4

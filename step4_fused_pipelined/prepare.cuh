@@ -3,7 +3,7 @@
 // What it adds: from a configuration (kernel_traits.h) and a problem to a closure that launches its kernels,
 // with everything that is not the kernel's work done once, outside any timed region: the tensor maps, the
 // shared-memory opt-in, the choice among a configuration's kernels (dropout, packed heads, score modifiers),
-// and for 4e the number of splits and the workspace. prepare_named<T, D> looks a configuration up by name;
+// and for 4f the number of splits and the workspace. prepare_named<T, D> looks a configuration up by name;
 // instances_*.cu compile it once per dtype and head dim, so a parallel build spreads the kernels over cores.
 #pragma once
 #include <algorithm>
@@ -22,12 +22,12 @@
 #include "step4_fused_pipelined/kernel_4a_threads.cuh"
 #include "step4_fused_pipelined/kernel_4c_cp_async.cuh"
 #include "step4_fused_pipelined/kernel_4d_tma.cuh"
-#include "step4_fused_pipelined/kernel_4e_split_kv.cuh"
+#include "step4_fused_pipelined/kernel_4f_split_kv.cuh"
 #include "step4_fused_pipelined/score_mod.cuh"
 
 namespace fa::step4 {
 
-// 4e's set-up: the packed view (grouped query heads, without dropout), the number of splits (--splits or
+// 4f's set-up: the packed view (grouped query heads, without dropout), the number of splits (--splits or
 // choose_splits), the workspace, and a closure that launches the split kernel, then the merge.
 template <class Tr>
 std::function<void()> prepare_split(const Problem& p, const AttnParams& params) {
@@ -47,9 +47,10 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
   decltype(&split_kv_forward<Tr, false, false>) kernel = nullptr;
   dispatch_mods(mods_kind(p), [&](auto mods) {  // plain, or the score modifiers' kernel (score_mod.cuh)
     constexpr int kMods = decltype(mods)::value;
-    kernel = params.dropout.threshold ? split_kv_forward<Tr, true, false, kMods>
-             : packed                 ? split_kv_forward<Tr, false, true, kMods>
-                                      : split_kv_forward<Tr, false, false, kMods>;
+    using Mask = MaskFor<kMods>;
+    kernel = params.dropout.threshold ? split_kv_forward<Tr, true, false, Mask>
+             : packed                 ? split_kv_forward<Tr, false, true, Mask>
+                                      : split_kv_forward<Tr, false, false, Mask>;
   });
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
   int sms = 0, dev = 0;
@@ -129,7 +130,8 @@ std::function<void()> prepare_tiles(const Problem& p, const AttnParams& params) 
     if constexpr (Tr::kHasMods)  // the score modifiers' kernel (score_mod.cuh); launch.cu refuses them elsewhere
       dispatch_mods(mods_kind(p), [&](auto mods) {
         constexpr int kMods = decltype(mods)::value;
-        kernel = params.dropout.threshold ? fused_forward<Tr, true, kMods> : fused_forward<Tr, false, kMods>;
+        using Mask = MaskFor<kMods>;  // 4e's mask type for these modifiers
+        kernel = params.dropout.threshold ? fused_forward<Tr, true, Mask> : fused_forward<Tr, false, Mask>;
       });
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return [=] {

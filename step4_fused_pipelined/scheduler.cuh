@@ -7,13 +7,12 @@
 // its rows see: all of K, or (causal) up to the diagonal of its last row. Step 5's dQ kernel walks the
 // same schedule. The ablation TileOrder::kHeadFast makes the head the fast index instead: the blocks in
 // flight then read as many different heads' K/V as there are blocks (docs/results/step4.md, row 14).
-// With a sliding window (kernels compiled with score modifiers, score_mod.cuh), a block visits only the K/V
-// tiles some row of it sees, from the first row's left edge to the last row's right edge: n_begin > 0. The
-// arithmetic is core/tile_range.h's key_tiles, which the host tests check against brute force.
+// Which K/V tiles those are is the mask's trip count (mask.h, key_tiles): with 4e's sliding window a block
+// visits only the tiles some row of it sees, from the first row's left edge to the last row's right edge
+// (n_begin > 0). The arithmetic is core/tile_range.h's, which the host tests check against brute force.
 #pragma once
 #include <cstdint>
 
-#include "core/tile_range.h"
 #include "gpu/attn_params.h"
 #include "step4_fused_pipelined/kernel_traits.h"
 
@@ -25,12 +24,12 @@ struct QueryTileWork {
   int n_begin = 0;      // the first K/V tile the tile's rows see (0 unless a window cuts the left)
   int n_tiles;          // K/V tiles of Bc keys the tile's rows see, from n_begin on
 
-  // window: the score modifiers of a kernel compiled with them (score_mod.cuh), whose window may cut both
-  // ends; the plain kernels pass none. tile: the block's tile, blockIdx.x unless the block visits several
-  // (step 7d's persistent blocks).
-  __device__ QueryTileWork(const AttnParams& p, int Br, int Bc, TileOrder order = TileOrder::kTileFast,
-                           const ScoreMod* window = nullptr, int tile = -1) {
-    const unsigned idx = tile < 0 ? blockIdx.x : unsigned(tile);  // unsigned, as blockIdx.x: u32 division
+  // tile: the query tile's index in the grid's order (a block's blockIdx.x); mask: the kernel's mask type
+  // (mask.h), whose trip count says which K/V tiles.
+  template <class Mask>
+  __device__ QueryTileWork(const AttnParams& p, const Mask& mask, int Br, int Bc, unsigned tile,
+                           TileOrder order = TileOrder::kTileFast) {
+    const unsigned idx = tile;  // unsigned, as blockIdx.x: u32 division
     const int num_m = (p.Nq + Br - 1) / Br;
     int m_block = idx % num_m;
     bh = idx / num_m;
@@ -43,8 +42,7 @@ struct QueryTileWork {
     b = bh / p.Hq;
     bh_kv = b * p.Hkv + h / p.group;
     m0 = m_block * Br;
-    // The K/V tiles rows m0 .. last see (core/tile_range.h: causal, and with `window` the sliding window).
-    const TileRange keys = key_tiles(p.causal, p.input_pos, p.Nk, m0, min(m0 + Br, p.Nq) - 1, Bc, window);
+    const TileRange keys = mask.key_tiles(m0, min(m0 + Br, p.Nq) - 1, Bc);  // the K/V tiles rows m0 .. last see
     n_begin = keys.begin;
     n_tiles = keys.count();
   }

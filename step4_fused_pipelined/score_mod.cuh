@@ -1,9 +1,10 @@
-// FlashAttention, step by step — step 4: score modifiers and masks in the kernels (step4_fused_pipelined/score_mod.cuh)
+// FlashAttention, step by step — step 4e: score modifiers and masks as a mask policy (step4_fused_pipelined/score_mod.cuh)
 //
-// What it adds: core/score_mod.h's modifier (bias, ALiBi, softcap) and mask (causal and sliding window) on
-// the scores a kernel holds in registers, at one place that the forward (4d, 4e) and the backward (step 5)
-// share. A kernel takes it as a compile-time parameter, kMods: 0, and the kernel is what it was (the plain
-// path pays nothing); otherwise the mask alone, the mask with one value modifier (its kernel knows which at
+// What it adds over 4d: core/score_mod.h's modifier (bias, ALiBi, softcap) and mask (causal and sliding
+// window) on the scores a kernel holds in registers. ScoreMods is a mask type with mask.h's interface (the
+// trip count, the tile test, the element), so 4d's kernel runs it unchanged, and so do split-KV (4f) and the
+// backward (step 5): prepare.cuh passes MaskFor<kMods> as the kernel's Mask. kMods = 0: CausalMask, the
+// kernel is what it was; otherwise the mask alone, the mask with one value modifier (its kernel knows which at
 // compile time), or the mask with any of them (tested at run time): mods_kind() picks. The scores of a tile
 // pass through ScoreMods before the softmax, and only where needed:
 //   a bias, ALiBi or a softcap changes every visible score: every tile passes through, element by element;
@@ -23,7 +24,9 @@
 #include <type_traits>
 
 #include "core/score_mod.h"
+#include "core/tile_range.h"
 #include "gpu/attn_params.h"
+#include "step4_fused_pipelined/mask.h"
 
 namespace fa::step4 {
 
@@ -62,6 +65,7 @@ void dispatch_mods(int kind, F&& f) {
 
 template <int kMods>
 struct ScoreMods {
+  static constexpr bool kChangesValues = (kMods & kModifyAny) != 0;  // mask.h: every visible score changes
   static_assert(kMods == kModMask || kMods == (kModMask | kModBias) || kMods == (kModMask | kModAlibi) ||
                     kMods == (kModMask | kModSoftcap) || kMods == kModAll,
                 "a kernel's modifiers: the mask alone, with one value modifier, or all of them");
@@ -98,7 +102,7 @@ struct ScoreMods {
 
   // Score s (raw units) of row r, key j -> the modified score in raw units, or -inf where masked.
   __device__ __forceinline__ float operator()(float s, const ModRow& r, int j) const {
-    if (j < r.lo || j > r.hi) return -INFINITY;
+    if (!visible(r, j)) return -INFINITY;
     if constexpr (kValues == 0) {
       return s;
     } else {
@@ -114,7 +118,7 @@ struct ScoreMods {
   // -inf (a caller tests x first: the softcap would turn a masked -inf into -c), grad() is the softcap's
   // derivative at x (core/score_mod.h, softcap_grad_pre; 1 in a kernel compiled without the softcap).
   __device__ __forceinline__ float pre(float s, const ModRow& r, int j) const {
-    if (j < r.lo || j > r.hi) return -INFINITY;
+    if (!visible(r, j)) return -INFINITY;
     if constexpr ((kValues & ~kModSoftcap) == 0) {
       return s;
     } else {
@@ -130,28 +134,33 @@ struct ScoreMods {
     else return softcap_grad_pre<kLone>(m, x);
   }
 
+  // ---- mask.h's interface: the trip count, the tile test, the element test ----
+  // The tiles a window and the causal mask leave (core/tile_range.h): a window may cut both ends.
+  __device__ TileRange key_tiles(int first_row, int last_row, int Bc) const {
+    return fa::key_tiles(m.causal, m.input_pos, Nk, first_row, last_row, Bc, &m);
+  }
+  __device__ TileRange query_tiles(int k0, int Bc, int Bq) const {
+    return fa::query_tiles(m.causal, m.input_pos, Nq, Nk, k0, Bc, Bq, &m);
+  }
   // The keys every row of [i0, i1] sees: the left edge of the last row to the right edge of the first
   // (the band moves right as i grows); empty when a row passes the end of Q. Once per warp.
-  __device__ ModRow common(int i0, int i1) const {
+  using Span = ModRow;
+  __device__ Span span(int i0, int i1) const {
     ModRow c = row(0, 0, i1), first = row(0, 0, i0);
     c.hi = i1 < Nq ? min(c.hi, first.hi) : -1;
     return c;
   }
   // Must a tile of keys [k0, k0 + cols) pass through element by element, for rows whose common keys are
   // `c`? Yes with a value modifier; otherwise only when the mask or an end cuts it.
-  __device__ __forceinline__ bool needed(const ModRow& c, int k0, int cols) const {
+  __device__ __forceinline__ bool needs(const Span& c, int k0, int cols) const {
     return kValues != 0 || k0 < c.lo || k0 + cols - 1 > c.hi;
   }
-
-  // The forward's S accumulators (mask.h's layout): s[nt][0..1] = row r0, keys key_2t + 8nt, +1;
-  // s[nt][2..3] = row r8, the same keys.
-  template <int NT>
-  __device__ __forceinline__ void apply(float (&s)[NT][4], const ModRow& r0, const ModRow& r8, int key_2t) const {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = (*this)(s[nt][e], e < 2 ? r0 : r8, key_2t + nt * 8 + (e & 1));
-  }
+  using Row = ModRow;
+  __device__ __forceinline__ bool visible(const ModRow& r, int j) const { return j >= r.lo && j <= r.hi; }
 };
+
+// The mask type of a kernel compiled for modifiers kMods (0: none, the plain kernel's CausalMask).
+template <int kMods>
+using MaskFor = std::conditional_t<kMods == 0, CausalMask, ScoreMods<kMods == 0 ? kModMask : kMods>>;
 
 }  // namespace fa::step4

@@ -29,17 +29,6 @@ struct RowSoftmax {
 #pragma unroll
     for (int r = 0; r < 2; ++r) rescale_row(o, r, update_row(s, r, scale_log2));
   }
-  // The same in two halves, for a kernel whose O is still being written by the tensor cores while the
-  // softmax runs (step 7c): update_rows turns s into P and returns each row's alpha; rescale applies them.
-  __device__ __forceinline__ void update_rows(float (&s)[kSTiles][4], float (&alpha)[2], float scale_log2) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) alpha[r] = update_row(s, r, scale_log2);
-  }
-  __device__ __forceinline__ void rescale(float (&o)[kOTiles][4], const float (&alpha)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) rescale_row(o, r, alpha[r]);
-  }
-
   // Row r (0: g, 1: g + 8) of the update: its new max, P in place of its scores, l; returns its alpha.
   __device__ __forceinline__ float update_row(float (&s)[kSTiles][4], int r, float scale_log2) {
     float part[2] = {m[r], -INFINITY};  // two independent chains (see the top of the file)

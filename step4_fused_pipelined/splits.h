@@ -1,6 +1,6 @@
-// FlashAttention, step by step — step 4e: how many splits a decode takes (step4_fused_pipelined/splits.h)
+// FlashAttention, step by step — step 4f: how many splits a decode takes (step4_fused_pipelined/splits.h)
 //
-// Host-side arithmetic of split-KV (kernel_4e_split_kv.cuh), kept free of CUDA so that the host tests run it
+// Host-side arithmetic of split-KV (kernel_4f_split_kv.cuh), kept free of CUDA so that the host tests run it
 // without a GPU or a CUDA toolkit (tests/test_host_kernels.cpp): the split counts step 6 tries, the one
 // FlashAttention's heuristic picks, and the K/V tiles a query tile may walk, which the splits divide.
 #pragma once
@@ -10,7 +10,7 @@
 
 namespace fa::step4 {
 
-// The split counts 4e runs a decode with, for a head whose keys fill `kv_tiles` K/V tiles: round counts up
+// The split counts 4f runs a decode with, for a head whose keys fill `kv_tiles` K/V tiles: round counts up
 // to 128 and up to one tile per split, skipping those that give each split as many tiles as the count before
 // (more blocks, the same work each). choose_splits (below) picks one; step 6 times every one.
 inline std::vector<int> split_counts(int64_t kv_tiles) {

@@ -25,7 +25,7 @@
 //   dP^T = (V dO^T) o Z^T,  dS^T_ji = P^T_ji (dP^T_ji - D_i)  [Bc, Bq]
 //   dV += (P^T o Z^T) dO,  dK += dS^T Q                       [Bc, d]   (dK times scale at the end)
 //   dQ_i += dS K                                              [Bq, d]   fp32 atomics (scale applied later)
-// Compiled with score modifiers (kMods != 0), as dkdv.cuh: S^T through the modifier and mask (P^T then after
+// With 4e's score modifiers as the mask type, as dkdv.cuh: S^T through the modifier and mask (P^T then after
 // dP^T: dS_pre needs S' for the softcap's derivative), windowed query tiles skipped, and dS_pre is dBias:
 // stored for a full bias, but added with float atomics into a broadcast one (device.cuh, DBiasRows), so
 // that its dBias, like its dQ, is not bit-reproducible from run to run.
@@ -71,7 +71,7 @@ __device__ __forceinline__ void warp_product_abt(float (&acc)[MK][NQ][4], const 
 }
 
 // grid = ceil(Nk / Bc) * Hkv * B, block = 32 * WarpsK * WarpsQ threads, dynamic shared memory AtomicSmem<Tr>::kBytes().
-template <class Tr, bool kDropout, int kMods = 0>
+template <class Tr, bool kDropout, class Mask = step4::CausalMask>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     atomic_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int dkv0 = warp / Tr::kDkvWarpsK * Tr::kWarpDkv;       // and its first head-dim column
   const int qdq0 = warp / Tr::kDqWarpsD * Tr::kWarpQueriesDq;  // on the dQ grid: its first query (rows)
   const int dq0 = warp % Tr::kDqWarpsD * Tr::kWarpDq;          // and its first head-dim column
-  const step4::ScoreMods<kMods == 0 ? kModMask : kMods> mods(p);  // kMods: the score modifiers (p.mods), else unused
-  const KeyBlockWork w(p, Bc, Bq, /*rotate=*/true, kMods != 0 ? &mods.m : nullptr);  // which keys, which query tiles (device.cuh)
+  const Mask mask(p);                                      // which keys each query sees (step 4's mask.h)
+  const KeyBlockWork w(p, mask, Bc, Bq, /*rotate=*/true);  // which keys, which query tiles (device.cuh)
   auto load_q_do_tiles = [&](int it) { load_q_do<Tr>(sm, ring, w, p.Hq, it, &tm_q, &tm_do); };
 
   // The LSE (in log2 units) and D of iteration it's Bq query rows go through shared memory: thread x < Bq
@@ -202,13 +202,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     float lse2[kNQ][2];  // of this thread's query columns q0 + qry0 + 8nt + 2t + c
     read_lse_d(lse2, it, 0);
 
-    // P^T, in place of S^T: s[mi][nt][e] is key k0 + key0 + 16mi + g + 8 (e / 2), query
-    // q0 + qry0 + 8nt + 2t + e % 2. Masked entries (causal, beyond Nq or Nk, rows that see no key with
-    // LSE = -inf) are selected to 0, never computed into a NaN; only tiles that cross an edge or the
-    // diagonal pay for that test (kMasked). Done before dP^T so that the LSEs die before dP^T's registers
-    // are live (this kernel sits at the 255-register limit).
-    auto probabilities = [&](auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
+    // P^T, in place of S^T (device.cuh, probability): s[mi][nt][e] is key k0 + key0 + 16mi + g + 8 (e / 2),
+    // query q0 + qry0 + 8nt + 2t + e % 2. Only a tile the mask crosses pays for the element test (kTest).
+    // Done before dP^T so that the LSEs die before dP^T's registers are live (this kernel sits at the
+    // 255-register limit). With a softcap (kDefer), the pre-softcap score X stays in s instead: dS^T needs it
+    // for the softcap's derivative, and P^T is computed from it after dP^T, below.
+    constexpr bool kDefer = kHasSoftcap<Mask>;
+    const auto cols = columns_of(mask, w.b, h, q0);  // each query's Row of the mask (device.cuh)
+    auto probabilities = [&](auto test) {
+      [[maybe_unused]] constexpr bool kTest = decltype(test)::value;  // (unused with kDefer: X needs no test)
 #pragma unroll
       for (int mi = 0; mi < kMK; ++mi)
 #pragma unroll
@@ -216,51 +218,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
-            const bool vis = !kMasked || FA_VISIBLE(p, i, j);
-            s[mi][nt][e] = vis ? ptx::exp2_approx(fmaf(s[mi][nt][e], p.scale_log2, -lse2[nt][e % 2])) : 0.0f;
+            if constexpr (kDefer) s[mi][nt][e] = mask.pre(s[mi][nt][e], cols.at(i), j);
+            else s[mi][nt][e] = probability<kTest>(mask, s[mi][nt][e], cols.at(i), j, lse2[nt][e % 2], p.scale_log2).p;
           }
     };
-    // With modifiers, a tile they touch goes through them: P^T from the modified score S' (raw units, -inf
-    // where masked), here; with a softcap (kDefer), the pre-softcap score X stays in s, since dS^T needs it
-    // for the softcap's derivative, and S' and P^T are computed from it after dP^T, below.
-    using Mods = std::remove_cv_t<decltype(mods)>;
-    constexpr bool kDefer = (Mods::kValues & kModSoftcap) != 0;
-    const bool modded = kMods != 0 && mods.needed(mods.common(q0 + qry0, q0 + qry0 + Tr::kWarpQueries - 1),
-                                                  w.k0 + key0, Tr::kWarpKeys);  // this warp's tile
-    if (modded) {
-      const ModColumns cols(mods, w.b, h, q0);  // each query's ModRow (device.cuh)
-#pragma unroll
-      for (int mi = 0; mi < kMK; ++mi)
-#pragma unroll
-        for (int nt = 0; nt < kNQ; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
-            const float x = mods.pre(s[mi][nt][e], cols.at(i), j);
-            if constexpr (kDefer) {
-              s[mi][nt][e] = x;
-            } else {
-              s[mi][nt][e] = x == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(mods.cap(x), p.scale_log2, -lse2[nt][e % 2]));
-            }
-          }
-    } else if (kMods == 0 && step4::tile_needs_mask(p, q0, Bq, w.k0, Bc)) {  // kMods and not modded: all visible
-      probabilities(std::true_type{});
-    } else {
-      probabilities(std::false_type{});
-    }
+    if (mask.needs(mask.span(q0, q0 + Bq - 1), w.k0, Bc)) probabilities(std::true_type{});
+    else probabilities(std::false_type{});
 
     // dPd^T = V dO^T: the same product with V and dO.
     float dp[kMK][kNQ][4] = {};
     warp_product_abt<Tr>(dp, v_a, Operand<Bq, Frag::kB, kXor>(do_base, qry0));
     ring.refill(it, w.n_iter, load_q_do_tiles);  // after this warp's first products: the other warps are likely done with it - 1
 
-    // s becomes Pd^T = P^T Z^T and dp becomes dS^T = P^T (dPd^T Z^T - D) (masked entries have P = 0).
-    // With modifiers (modded), dS_pre^T = dS^T times the softcap's derivative (P^T from S' first if kDefer),
-    // which is also dBias.
-    float d_i[kNQ][2], lse2m[kNQ][2];
+    // s becomes Pd^T = P^T Z^T and dp becomes dS^T (device.cuh, p_and_ds: times the softcap's derivative, with
+    // P^T from X first if kDefer; with a bias, dS^T is also dBias).
+    float d_i[kNQ][2], lse2x[kNQ][2];
     read_lse_d(d_i, it, 1);
-    if (kDefer && modded) read_lse_d(lse2m, it, 0);
-    const DBiasRows dbias = dbias_rows</*kBiasShaped=*/true>(bp, mods, w.b, h).at(q0 + qry0 + 2 * t, w.k0 + key0 + g);
+    if constexpr (kDefer) read_lse_d(lse2x, it, 0);
+    const DBiasRows dbias = dbias_rows</*kBiasShaped=*/true>(bp, mask, w.b, h).at(q0 + qry0 + 2 * t, w.k0 + key0 + g);
 #pragma unroll
     for (int mi = 0; mi < kMK; ++mi)
 #pragma unroll
@@ -269,14 +244,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         for (int e = 0; e < 4; ++e) {
           const int i = q0 + qry0 + nt * 8 + 2 * t + e % 2, j = w.k0 + key0 + 16 * mi + g + 8 * (e / 2);
           const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
-          float pr = s[mi][nt][e], grad = 1.0f;
-          if (kDefer && modded) {  // s holds X: S' = softcap(X), P^T from S', and the derivative at X
-            grad = mods.grad(pr);
-            pr = pr == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(mods.cap(pr), p.scale_log2, -lse2m[nt][e % 2]));
-          }
-          s[mi][nt][e] = pr * z;
-          dp[mi][nt][e] = pr * (dp[mi][nt][e] * z - d_i[nt][e % 2]) * grad;
-          dbias.put(8 * nt + e % 2, 16 * mi + 8 * (e / 2), dp[mi][nt][e]);  // (i, j), with the bias (device.cuh)
+          Prob pr{s[mi][nt][e], 1.0f};  // P^T, or (kDefer) X
+          if constexpr (kDefer) pr = probability_pre(mask, pr.p, lse2x[nt][e % 2], p.scale_log2);
+          const PdS r = p_and_ds(pr, dp[mi][nt][e], z, d_i[nt][e % 2]);
+          s[mi][nt][e] = r.pz;
+          dp[mi][nt][e] = r.ds;
+          dbias.put(8 * nt + e % 2, 16 * mi + 8 * (e / 2), r.ds);  // (i, j), with the bias (device.cuh)
         }
 
     // Park Pd^T and dS^T in shared memory ([Bc, kPitch] tiles, 16-bit pairs straight from the C fragments),

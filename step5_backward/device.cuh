@@ -3,10 +3,11 @@
 // Step 4's building blocks (ring.cuh, fragments.cuh, scheduler.cuh, mask.h, dropout.cuh) carry the data
 // movement; this file adds what only the backward needs: the parameter block, the XOR-stepped operand
 // addressing (a per-configuration choice of the atomic kernel), the store of a warp's accumulator rows,
-// and the schedule of a block that owns a tile of keys with the loads of its Q/dO ring (the dK/dV and
-// atomic kernels). With score modifiers (a kernel's kMods != 0), that schedule also skips the query tiles a
-// sliding window hides from the block's keys, ModColumns gives each query's step4::ModRow from its tile's
-// first one, and DBiasRows is where dS_pre (dBias) goes.
+// the schedule of a block that owns a tile of keys with the loads of its Q/dO ring (the dK/dV and atomic
+// kernels), and the element-wise step every kernel runs on its tile (P and dS through the kernel's mask
+// type, step 4's mask.h: CausalMask, or 4e's ScoreMods with the softcap's derivative). With score modifiers,
+// ModColumns gives each query's step4::ModRow from its tile's first one, and DBiasRows is where dS_pre
+// (dBias) goes.
 #pragma once
 #include <cuda.h>
 
@@ -16,6 +17,7 @@
 #include "gpu/attn_params.h"
 #include "gpu/ptx.h"
 #include "step4_fused_pipelined/fragments.cuh"
+#include "step4_fused_pipelined/mask.h"
 #include "step4_fused_pipelined/score_mod.cuh"
 
 namespace fa::step5 {
@@ -106,13 +108,69 @@ struct DBiasRows {
     else *to = v;
   }
 };
-template <bool kBiasShaped, class Mods>  // Mods: a step4::ScoreMods; only one with the bias compiled in writes
-__device__ __forceinline__ DBiasRows dbias_rows(const BwdParams& bp, const Mods& mods, int b, int h) {
+template <class Mask>  // does a kernel with this mask type write dBias? Only ScoreMods with the bias compiled in
+constexpr bool kWritesDBias = false;
+template <int kMods>
+constexpr bool kWritesDBias<step4::ScoreMods<kMods>> = (kMods & kModBias) != 0;
+template <class Mask>  // does a kernel with this mask type need the softcap's derivative? Only ScoreMods with it
+constexpr bool kHasSoftcap = false;
+template <int kMods>
+constexpr bool kHasSoftcap<step4::ScoreMods<kMods>> = (kMods & kModSoftcap) != 0;
+template <bool kBiasShaped, class Mask>
+__device__ __forceinline__ DBiasRows dbias_rows(const BwdParams& bp, const Mask& mods, int b, int h) {
   const AttnParams& p = bp.a;
-  if ((Mods::kValues & kModBias) == 0 || !bp.dbias) return {};
-  if (!kBiasShaped) return {bp.dbias + (int64_t(b) * p.Hq + h) * p.Nq * p.Nk, p.Nk, p.Nq, p.Nk, false};
-  const bool add = (mods.bias_stride_b == 0 && p.B > 1) || (mods.bias_stride_h == 0 && p.Hq > 1);
-  return {bp.dbias + b * mods.bias_stride_b + h * mods.bias_stride_h, p.Nk, p.Nq, p.Nk, add};
+  if constexpr (!kWritesDBias<Mask>) {
+    return {};
+  } else {
+    if (!bp.dbias) return {};
+    if (!kBiasShaped) return {bp.dbias + (int64_t(b) * p.Hq + h) * p.Nq * p.Nk, p.Nk, p.Nq, p.Nk, false};
+    const bool add = (mods.bias_stride_b == 0 && p.B > 1) || (mods.bias_stride_h == 0 && p.Hq > 1);
+    return {bp.dbias + b * mods.bias_stride_b + h * mods.bias_stride_h, p.Nk, p.Nq, p.Nk, add};
+  }
+}
+
+// ---- the element-wise step: P and dS of one element, through the kernel's mask type ----
+// A transposed tile's columns (S^T: a thread's scores belong to many queries): each query's Row for the mask's
+// element test. CausalMask's Row is the query's index; ScoreMods' is ModColumns' shift of its first query's.
+struct IndexColumns {
+  __device__ __forceinline__ int at(int i) const { return i; }
+};
+__device__ __forceinline__ IndexColumns columns_of(const step4::CausalMask&, int, int, int) { return {}; }
+template <int kMods>
+__device__ __forceinline__ ModColumns columns_of(const step4::ScoreMods<kMods>& mods, int b, int h, int q0) {
+  return ModColumns(mods, b, h, q0);
+}
+
+// P of one element, recomputed from its raw score s and the row's LSE (lse2, log2 units), and the factor dS
+// takes from the score's modifier:
+//   P = exp2(S' scale log2(e) - LSE log2(e)),  S' = s through the mask and modifiers;  factor = dS'/dX
+// where X is the pre-softcap score (the softcap's derivative, core/score_mod.h softcap_grad_pre; 1 without a
+// softcap). A hidden element has P = 0, selected, never computed into a NaN. kTest: the tile needs the mask's
+// element test (mask.h's needs); a mask that changes values (a bias, ALiBi, a softcap) always tests.
+struct Prob {
+  float p, grad;
+};
+template <class Mask>  // from the pre-softcap score X (-inf where hidden): ScoreMods' pre()
+__device__ __forceinline__ Prob probability_pre(const Mask& mask, float x, float lse2, float scale_log2) {
+  return {x == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(mask.cap(x), scale_log2, -lse2)), mask.grad(x)};
+}
+template <bool kTest, class Mask>
+__device__ __forceinline__ Prob probability(const Mask& mask, float s, const typename Mask::Row& r, int j, float lse2,
+                                            float scale_log2) {
+  if constexpr (Mask::kChangesValues) {
+    return probability_pre(mask, mask.pre(s, r, j), lse2, scale_log2);
+  } else {
+    const bool vis = !kTest || mask.visible(r, j);
+    return {vis ? ptx::exp2_approx(fmaf(s, scale_log2, -lse2)) : 0.0f, 1.0f};
+  }
+}
+// dS of one element and the P that multiplies dO: with dropout's Z (0 or 1/(1-p); 1 without) and the row's D,
+//   P Z,   dS = P (dP Z - D) times the modifier's factor        (FlashAttention-2, Algorithm 2)
+struct PdS {
+  float pz, ds;
+};
+__device__ __forceinline__ PdS p_and_ds(Prob pr, float dp, float z, float d) {
+  return {pr.p * z, pr.p * (dp * z - d) * pr.grad};
 }
 
 // The same three patterns as operands of a warp: a tile's base and the warp's first row (A, B) or head-dim
@@ -180,24 +238,23 @@ __device__ __forceinline__ void store_rows(T* out, const float (&acc)[NT][4], in
 // tile q0(it) / Bq of query head head(it). With `rotate`, the block starts that list at its own key tile's
 // index (mod n_iter) and wraps around: the blocks of one head, which run side by side, then add their dQ
 // into different rows at any one time (the atomic kernel). The order is fixed per block, so dK and dV
-// are still summed in the same order every run. With `window` (kernels compiled with score modifiers), only
-// the query tiles whose rows see a key of the block under the causal mask and the sliding window.
+// are still summed in the same order every run. Which query tiles see the block's keys is the mask's trip
+// count (mask.h, query_tiles: the causal mask, and 4e's sliding window).
 struct KeyBlockWork {
   int b, hkv, bh_kv, k0;           // batch, KV head, their flat index, first key
   int m_first, per_head, n_iter;  // first query tile, tiles per query head, iterations in all
   int group, Bq, rot = 0;         // GQA group size, query tile height, first iteration's place
 
-  // window: the score modifiers of a kernel compiled with them (step4::ScoreMods); the plain kernels pass none.
-  __device__ KeyBlockWork(const AttnParams& p, int Bc, int Bq_, bool rotate = false, const ScoreMod* window = nullptr)
+  // mask: the kernel's mask type (step 4's mask.h).
+  template <class Mask>
+  __device__ KeyBlockWork(const AttnParams& p, const Mask& mask, int Bc, int Bq_, bool rotate = false)
       : group(p.group), Bq(Bq_) {
     const int num_n = (p.Nk + Bc - 1) / Bc;
     bh_kv = blockIdx.x / num_n;
     hkv = bh_kv % p.Hkv;
     b = bh_kv / p.Hkv;
     k0 = (blockIdx.x % num_n) * Bc;
-    // The query tiles whose rows see a key of [k0, k0 + Bc) (core/tile_range.h: causal, and with `window`
-    // the sliding window, the Band's arithmetic).
-    const TileRange rows = query_tiles(p.causal, p.input_pos, p.Nq, p.Nk, k0, Bc, Bq, window);
+    const TileRange rows = mask.query_tiles(k0, Bc, Bq);  // the query tiles whose rows see a key of [k0, k0 + Bc)
     m_first = rows.begin;
     per_head = rows.count();
     n_iter = per_head * group;

@@ -15,10 +15,9 @@
 // Per warp every product has the forward's shape: 16 keys play the part of step 4's 16 query rows, and
 // P^T and dS^T never leave registers. The price: every warp reads the whole Q and dO tile, twice (the
 // kernel is bound by shared-memory bandwidth; atomic.cuh lays its warps out otherwise).
-// Compiled with score modifiers (kMods != 0, step 4's score_mod.cuh): S^T passes through the modifier and
-// mask (S', raw units), dS^T is multiplied by the softcap's derivative (dS_pre), which is also dBias (stored
-// when there is a bias, device.cuh's DBiasRows); query tiles a sliding window hides are skipped. kMods = 0:
-// none of this code.
+// The mask is a type (step 4's mask.h): with 4e's score modifiers S^T passes through the modifier and mask
+// (S', raw units), dS^T is multiplied by the softcap's derivative (dS_pre), which is also dBias (stored when
+// there is a bias, device.cuh's DBiasRows); query tiles a sliding window hides are skipped.
 // Limits: d = 64 or 128, bf16/fp16; K and V are re-read from shared memory at every step (their A
 // fragments would cost 32 to 64 more registers); dK/dV stored straight from registers.
 #pragma once
@@ -53,7 +52,7 @@ __device__ __forceinline__ void load_lse_d(float (&lse2)[NT][2], float (&d_i)[NT
 }
 
 // grid = ceil(Nk / Bc) * Hkv * B, block = 32 * Warps threads, dynamic shared memory DkDvSmem<Tr>::kBytes().
-template <class Tr, bool kDropout, int kMods = 0>
+template <class Tr, bool kDropout, class Mask = step4::CausalMask>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
@@ -69,8 +68,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const step4::ScoreMods<kMods == 0 ? kModMask : kMods> mods(p);  // kMods: the score modifiers (p.mods), else unused
-  const KeyBlockWork w(p, Bc, Bq, /*rotate=*/false, kMods != 0 ? &mods.m : nullptr);  // which keys, which query tiles (device.cuh)
+  const Mask mask(p);                                // which keys each query sees (step 4's mask.h)
+  const KeyBlockWork w(p, mask, Bc, Bq, /*rotate=*/false);  // which keys, which query tiles (device.cuh)
   const int k0 = w.k0;
   auto load_q_do_tiles = [&](int it) { load_q_do<Tr>(sm, ring, w, p.Hq, it, &tm_q, &tm_do); };
 
@@ -123,51 +122,27 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     ring.refill(it, w.n_iter, load_q_do_tiles);  // after this warp's first products: the other warps are likely done with it - 1
 
     // Element-wise, on the C fragments: s[nt][e] is key key_g + 8 (e / 2), query q0 + 8nt + 2t + e % 2.
-    // s becomes Pd^T = P^T Z^T and dp becomes dS^T = P^T (dPd^T Z^T - D). Masked entries (causal, beyond
-    // Nq or Nk, rows that see no key with LSE = -inf) are selected to 0, never computed into a NaN; only
-    // tiles that cross an edge or the diagonal pay for that test (kMasked).
-    auto elementwise = [&](auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
+    // s becomes Pd^T = P^T Z^T and dp becomes dS^T (device.cuh, p_and_ds; with a bias, stored as dBias too).
+    // Only a tile the mask crosses pays for the element test (kTest): the mask's needs.
+    auto elementwise = [&](auto test) {
+      constexpr bool kTest = decltype(test)::value;
+      const auto cols = columns_of(mask, w.b, h, q0);  // each query's Row of the mask (device.cuh)
+      const DBiasRows dbias = dbias_rows</*kBiasShaped=*/false>(bp, mask, w.b, h).at(q0 + 2 * t, key_g);  // device.cuh
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = q0 + nt * 8 + 2 * t + e % 2, j = key_g + 8 * (e / 2);
-          const bool vis = !kMasked || FA_VISIBLE(p, i, j);
-          const float pr = vis ? ptx::exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[nt][e % 2])) : 0.0f;
           const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
-          s[nt][e] = pr * z;
-          dp[nt][e] = pr * (dp[nt][e] * z - d_i[nt][e % 2]);
+          const PdS r = p_and_ds(probability<kTest>(mask, s[nt][e], cols.at(i), j, lse2[nt][e % 2], p.scale_log2),
+                                 dp[nt][e], z, d_i[nt][e % 2]);
+          s[nt][e] = r.pz;
+          dp[nt][e] = r.ds;
+          dbias.put(8 * nt + e % 2, 8 * (e / 2), r.ds);  // (i, j), with the bias
         }
     };
-    // With modifiers, the tiles they touch (all, with a value modifier) go element by element through them:
-    // P^T from the modified score S', dS^T times the softcap's derivative (dS_pre), stored as dBias.
-    auto elementwise_mods = [&] {
-      const ModColumns cols(mods, w.b, h, q0);                         // each query's ModRow (device.cuh)
-      const DBiasRows dbias = dbias_rows</*kBiasShaped=*/false>(bp, mods, w.b, h).at(q0 + 2 * t, key_g);  // device.cuh
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = q0 + nt * 8 + 2 * t + e % 2, j = key_g + 8 * (e / 2);
-          const float x = mods.pre(s[nt][e], cols.at(i), j);  // -inf: masked, or past Nq or Nk
-          const float pr = x == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(mods.cap(x), p.scale_log2, -lse2[nt][e % 2]));
-          const float z = kDropout ? step4::dropout_z(p.dropout, w.b, h, i, j) : 1.0f;
-          s[nt][e] = pr * z;
-          dp[nt][e] = pr * (dp[nt][e] * z - d_i[nt][e % 2]) * mods.grad(x);
-          dbias.put(8 * nt + e % 2, 8 * (e / 2), dp[nt][e]);  // (i, j), with the bias
-        }
-    };
-    if constexpr (kMods != 0) {
-      if (mods.needed(mods.common(q0, q0 + Bq - 1), k0 + 16 * warp, 16))  // this warp's keys
-        elementwise_mods();
-      else
-        elementwise(std::false_type{});
-    } else if (step4::tile_needs_mask(p, q0, Bq, k0, Bc)) {
-      elementwise(std::true_type{});
-    } else {
-      elementwise(std::false_type{});
-    }
+    if (mask.needs(mask.span(q0, q0 + Bq - 1), k0, Bc)) elementwise(std::true_type{});
+    else elementwise(std::false_type{});
 
     // dV += Pd^T dO and dK += dS^T Q: A = the accumulators repacked (k = query), B = dO (Q) rows with
     // k = query, read with ldmatrix.trans: step 4's O += P V.

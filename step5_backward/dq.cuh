@@ -9,8 +9,8 @@
 //   dS_ij = P_ij (dP_ij - D_i)
 //   dQ   += dS K                             [Br, d], times scale at the end
 // (FlashAttention-2, Algorithm 2, the S, P, dP, dS and dQ lines of its inner loop, for one query tile.)
-// Compiled with score modifiers (kMods != 0, step 4's score_mod.cuh): S passes through the modifier and mask,
-// dS is multiplied by the softcap's derivative, and K/V tiles a sliding window hides are skipped (scheduler.cuh).
+// The mask is a type (step 4's mask.h): with 4e's score modifiers S passes through the modifier and mask, dS is
+// multiplied by the softcap's derivative, and K/V tiles a sliding window hides are skipped (the trip count).
 // Limits: d = 64 or 128, bf16/fp16; dQ stored straight from registers.
 #pragma once
 #include <cuda.h>
@@ -28,7 +28,7 @@
 namespace fa::step5 {
 
 // grid = ceil(Nq / Br) * Hq * B, block = 32 * Warps threads, dynamic shared memory DqSmem<Tr>::kBytes().
-template <class Tr, bool kDropout, int kMods = 0>
+template <class Tr, bool kDropout, class Mask = step4::CausalMask>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
               const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
@@ -44,8 +44,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const step4::ScoreMods<kMods == 0 ? kModMask : kMods> mods(p);  // kMods: the score modifiers (p.mods), else unused
-  const step4::QueryTileWork w(p, Br, Bc, step4::TileOrder::kTileFast, kMods != 0 ? &mods.m : nullptr);  // step 4's schedule
+  const Mask mask(p);                                // which keys each row sees (step 4's mask.h)
+  const step4::QueryTileWork w(p, mask, Br, Bc, blockIdx.x);  // step 4's schedule
   const int b = w.b, h = w.h, bh = w.bh, m0 = w.m0;
 
   // One thread issues every TMA copy: K and V tile n (from the first tile the rows see) into its slot of the ring.
@@ -88,10 +88,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     d_i[r] = in_q ? bp.dsum[int64_t(bh) * p.Nq + row_g + 8 * r] : 0.0f;
   }
 
-  // kMods: this thread's rows g and g + 8 as the modifier sees them, and the keys all the warp's rows see.
-  const step4::ModRow mod_g = kMods != 0 ? mods.row(b, h, row_g) : step4::ModRow{};
-  const step4::ModRow mod_g8 = kMods != 0 ? mods.row(b, h, row_g + 8) : step4::ModRow{};
-  const step4::ModRow mod_warp = kMods != 0 ? mods.common(m0 + 16 * warp, m0 + 16 * warp + 15) : step4::ModRow{};
+  // This thread's rows g and g + 8 as the mask sees them, and the block's rows for its tile test.
+  const typename Mask::Row r_g = mask.row(b, h, row_g), r_g8 = mask.row(b, h, row_g + 8);
+  const typename Mask::Span block_rows = mask.span(m0, m0 + Br - 1);
 
   float dq[kDTiles][4] = {};  // rows g, g+8 of the warp; columns 8nd + 2t, +1
   for (int n = 0; n < w.n_tiles; ++n) {
@@ -121,48 +120,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if constexpr (kDropout) keep = step4::DropoutMask::draw<kSTiles>(p.dropout, b, h, row_g, key0 + 2 * t);
 
     // Element-wise, on the C fragments: s[nt][e] is row row_g + 8 (e / 2), key key0 + 8nt + 2t + e % 2.
-    // s becomes dS = P (dPd Z - D); masked entries are selected to 0, never computed into a NaN. Only
-    // tiles that cross an edge or the diagonal pay for that test (kMasked), as in the dK/dV kernel.
-    auto elementwise = [&](auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
+    // s becomes dS (device.cuh, p_and_ds). Only a tile the mask crosses pays for the element test (kTest).
+    auto elementwise = [&](auto test) {
+      constexpr bool kTest = decltype(test)::value;
 #pragma unroll
       for (int nt = 0; nt < kSTiles; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int i = row_g + 8 * r, j0 = key0 + nt * 8 + 2 * t;
+          const int j0 = key0 + nt * 8 + 2 * t;
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const int e = 2 * r + c, j = j0 + c;
+            const int e = 2 * r + c;
             const float z = kDropout ? keep.z(nt, e, p.dropout.keep_scale) : 1.0f;
-            const bool vis = !kMasked || FA_VISIBLE(p, i, j);
-            const float pr = vis ? ptx::exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[r])) : 0.0f;
-            s[nt][e] = pr * (dp[nt][e] * z - d_i[r]);
+            const Prob pr = probability<kTest>(mask, s[nt][e], r ? r_g8 : r_g, j0 + c, lse2[r], p.scale_log2);
+            s[nt][e] = p_and_ds(pr, dp[nt][e], z, d_i[r]).ds;
           }
         }
     };
-    // With modifiers, the tiles they touch: P from the modified score S', dS times the softcap's derivative.
-    auto elementwise_mods = [&] {
-#pragma unroll
-      for (int nt = 0; nt < kSTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e / 2, j = key0 + nt * 8 + 2 * t + e % 2;
-          const float z = kDropout ? keep.z(nt, e, p.dropout.keep_scale) : 1.0f;
-          const float x = mods.pre(s[nt][e], r ? mod_g8 : mod_g, j);  // -inf: masked, or past Nq or Nk
-          const float pr = x == -INFINITY ? 0.0f : ptx::exp2_approx(fmaf(mods.cap(x), p.scale_log2, -lse2[r]));
-          s[nt][e] = pr * (dp[nt][e] * z - d_i[r]) * mods.grad(x);
-        }
-    };
-    if constexpr (kMods != 0) {
-      if (mods.needed(mod_warp, key0, Bc))
-        elementwise_mods();
-      else
-        elementwise(std::false_type{});
-    } else if (step4::tile_needs_mask(p, m0, Br, key0, Bc)) {
-      elementwise(std::true_type{});
-    } else {
-      elementwise(std::false_type{});
-    }
+    if (mask.needs(block_rows, key0, Bc)) elementwise(std::true_type{});
+    else elementwise(std::false_type{});
 
     // dQ += dS K: A = dS repacked (k = key), B = K rows with k = key, read with ldmatrix.trans.
 #pragma unroll

@@ -63,9 +63,9 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
   if (p.has_score_mods() && !Cfg::kHasMods)
     throw std::invalid_argument("step 5's configuration " + Cfg::name() + " is compiled without score modifiers");
   const bool drop = a.dropout.threshold != 0;
-  // The instance kernel_of(dropout, kMods) of a kernel for p: the plain one, or, in a configuration with
-  // score modifiers, the one step 4's mods_kind(p) picks (score_mod.cuh: the mask alone, the mask with one
-  // value modifier known at compile time, or with any of them).
+  // The instance kernel_of(dropout, kMods) of a kernel for p: the plain one (step 4's CausalMask), or, in a
+  // configuration with score modifiers, the mask type step 4's mods_kind(p) picks (score_mod.cuh, MaskFor: the
+  // mask alone, the mask with one value modifier known at compile time, or with any of them).
   auto pick = [&](auto kernel_of) {
     auto kernel = drop ? kernel_of(std::true_type{}, std::integral_constant<int, 0>{})
                        : kernel_of(std::false_type{}, std::integral_constant<int, 0>{});
@@ -94,7 +94,7 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
     const int64_t elems = rows * D;
     const unsigned cvt_blocks = grid_size((elems / 2 + kConvertThreads - 1) / kConvertThreads);
     constexpr size_t kSmem = AtomicSmem<KV>::kBytes();
-    auto kernel = pick([](auto drop_, auto mods) { return atomic_kernel<KV, decltype(drop_)::value, decltype(mods)::value>; });
+    auto kernel = pick([](auto drop_, auto mods) { return atomic_kernel<KV, decltype(drop_)::value, step4::MaskFor<decltype(mods)::value>>; });
     allow_smem(kernel, kSmem);
     return [=] {
       preprocess();
@@ -107,14 +107,14 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
   } else {
     using DQ = typename Cfg::Dq;
     constexpr size_t kKvSmem = DkDvSmem<KV>::kBytes(), kQSmem = DqSmem<DQ>::kBytes();
-    auto dkdv = pick([](auto drop_, auto mods) { return dkdv_kernel<KV, decltype(drop_)::value, decltype(mods)::value>; });
+    auto dkdv = pick([](auto drop_, auto mods) { return dkdv_kernel<KV, decltype(drop_)::value, step4::MaskFor<decltype(mods)::value>>; });
     allow_smem(dkdv, kKvSmem);
     // dQ kernel: Q and dO in boxes of Br rows, K and V in boxes of Bc rows.
     const CUtensorMap dq_q = make_tensor_map_bhnd(a.q, p.dtype, BHq, p.Nq, D, DQ::Br);
     const CUtensorMap dq_do = make_tensor_map_bhnd(bp.dout, p.dtype, BHq, p.Nq, D, DQ::Br);
     const CUtensorMap dq_k = make_tensor_map_bhnd(a.k, p.dtype, BHkv, p.Nk, D, DQ::Bc);
     const CUtensorMap dq_v = make_tensor_map_bhnd(a.v, p.dtype, BHkv, p.Nk, D, DQ::Bc);
-    auto dq = pick([](auto drop_, auto mods) { return dq_kernel<DQ, decltype(drop_)::value, decltype(mods)::value>; });
+    auto dq = pick([](auto drop_, auto mods) { return dq_kernel<DQ, decltype(drop_)::value, step4::MaskFor<decltype(mods)::value>>; });
     allow_smem(dq, kQSmem);
     const unsigned q_blocks = grid_size((p.Nq + DQ::Br - 1) / DQ::Br * BHq);
     // The two kernels are independent (each needs only D): the dQ kernel runs on a second stream, forked

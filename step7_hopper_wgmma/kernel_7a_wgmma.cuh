@@ -45,6 +45,8 @@ __device__ __forceinline__ void warpgroup_loop(Smem<Tr>& sm, const AttnParams& p
   const step4::TmaRing<Tr::kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row_g = w.m0 + 16 * warp + g;
+  const step4::CausalMask mask(p);  // step 4's mask (mask.h); the tile test's rows: the warp's, within Q
+  const step4::CausalMask::Span warp_rows = mask.span(w.m0 + 16 * warp, min(w.m0 + 16 * warp + 15, p.Nq - 1));
   for (int n = 0; n < w.n_tiles; ++n) {
     // S = Q K^T: [64 rows, Bc] per warpgroup, issued, then waited for at once.
     float s[Bc / 8][4];
@@ -58,8 +60,7 @@ __device__ __forceinline__ void warpgroup_loop(Smem<Tr>& sm, const AttnParams& p
     after_qk(n);
 
     const int key0 = n * Bc;
-    if (step4::keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc))
-      step4::apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
+    if (mask.needs(warp_rows, key0, Bc)) step4::apply_mask(mask, s, row_g, row_g + 8, key0 + 2 * t);
     softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
 
     uint32_t pa[Bc / 16][4];
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   Smem<Tr>& sm = *reinterpret_cast<Smem<Tr>*>(step4::align_1024(smem_raw));
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
   const int warp = threadIdx.x / 32, wg = warp / 4;
-  const step4::QueryTileWork w(p, Br, Bc);
+  const step4::QueryTileWork w(p, step4::CausalMask(p), Br, Bc, blockIdx.x);
 
   auto load_k = [&](int n) { k_ring.template load<typename Tr::KVTile>(n, sm.k[0], &tm_k, n * Bc, w.bh_kv); };
   auto load_v = [&](int n) { v_ring.template load<typename Tr::KVTile>(n, sm.v[0], &tm_v, n * Bc, w.bh_kv); };

@@ -30,23 +30,21 @@
 
 namespace fa::step7 {
 
-// The producer's loop, run by one thread: Q into sq (completing q_full), then K and V tile n into slot
-// n % kStages as soon as the 8 consumer warps have released that slot's previous tile (n - kStages). Shared by
-// 7b, 7c and 7d; 7d's blocks visit several query tiles, and `it0` counts the K/V tiles their ring carried
-// before this one.
+// The producer's loop, run by one thread: Q into sm.q (completing q_full), then K and V tile n into slot
+// n % kStages as soon as the 8 consumer warps have released that slot's previous tile (n - kStages).
+// 7c runs it as it is.
 template <class Tr, class S>
 __device__ __forceinline__ void produce(S& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                        const CUtensorMap* tm_v, const step4::QueryTileWork& w, typename Tr::T* sq,
-                                        uint64_t* q_full, int it0 = 0) {
+                                        const CUtensorMap* tm_v, const step4::QueryTileWork& w) {
   constexpr int Bc = Tr::Bc, kStages = Tr::kStages;
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
-  step4::tma_load_tile<typename Tr::QTile>(sq, tm_q, w.m0, w.bh, q_full);
+  step4::tma_load_tile<typename Tr::QTile>(sm.q, tm_q, w.m0, w.bh, &sm.q_full);
   for (int n = 0; n < w.n_tiles; ++n) {
-    const int i = it0 + n, s = k_ring.slot(i);  // the ring's i-th use
-    if (i >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(i - kStages));  // use i - kStages released
-    k_ring.template load<typename Tr::KVTile>(i, sm.k[0], tm_k, n * Bc, w.bh_kv);
-    if (i >= kStages) ptx::mbar_wait(&sm.v_empty[s], v_ring.parity(i - kStages));
-    v_ring.template load<typename Tr::KVTile>(i, sm.v[0], tm_v, n * Bc, w.bh_kv);
+    const int s = k_ring.slot(n);
+    if (n >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(n - kStages));  // tile n - kStages released
+    k_ring.template load<typename Tr::KVTile>(n, sm.k[0], tm_k, n * Bc, w.bh_kv);
+    if (n >= kStages) ptx::mbar_wait(&sm.v_empty[s], v_ring.parity(n - kStages));
+    v_ring.template load<typename Tr::KVTile>(n, sm.v[0], tm_v, n * Bc, w.bh_kv);
   }
 }
 
@@ -62,7 +60,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   Smem<Tr>& sm = *reinterpret_cast<Smem<Tr>*>(step4::align_1024(smem_raw));
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
   const int wg = threadIdx.x / 128;
-  const step4::QueryTileWork w(p, Br, Bc);
+  const step4::QueryTileWork w(p, step4::CausalMask(p), Br, Bc, blockIdx.x);
 
   if (threadIdx.x == 0) {
     ptx::mbar_init(&sm.q_full, 1);
@@ -75,7 +73,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   if (wg == 0) {  // ---- the producer warpgroup ---------------------------------------------------------
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w, sm.q, &sm.q_full);
+    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w);
     return;
   }
 

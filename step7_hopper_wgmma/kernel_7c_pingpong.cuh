@@ -4,8 +4,8 @@
 // (FlashAttention-3, section 3.2, "intra-warpgroup and inter-warpgroup overlapping of GEMM and softmax"):
 //  - inside a warpgroup, iteration n issues S_n = Q K_n^T and O += P_{n-1} V_{n-1} together, waits only for
 //    S_n (wgmma.wait_group 1), and runs the softmax of S_n while P_{n-1} V_{n-1} is still on the tensor
-//    cores. The softmax therefore cannot rescale O in place: it returns alpha_n (softmax.h, update_rows),
-//    and O is rescaled once the product has landed (wait_group 0). P_n is packed after that, since P_{n-1}'s
+//    cores. The softmax therefore cannot rescale O in place: it runs step 4's update in its two halves
+//    (softmax.h: update_row returns alpha_n, rescale_row applies it once the product has landed, wait_group 0). P_n is packed after that, since P_{n-1}'s
 //    registers are the product's operand until then;
 //  - between the two consumer warpgroups, ping-pong: they take turns at issuing their products, ordered by
 //    two named barriers (gpu/ptx.h), so one warpgroup's softmax (exp2 on the multi-function unit) runs while
@@ -13,7 +13,7 @@
 //    which completes when the other warpgroup arrives), issues, and hands the turn over (bar.arrive on the
 //    other's barrier). Each takes one turn per K/V tile and hands every turn over; warpgroup 1 lets warpgroup
 //    0 take the block's first, and warpgroup 0 takes warpgroup 1's last hand-over once it has no turn left
-//    (Turns::open, close), so that in 7d the turns run on from one query tile to the next.
+//    (Turns::open, close).
 // Per K/V tile n >= 1, in a warpgroup:   [turn] S_n = Q K_n^T, O += P_{n-1} V_{n-1}  [hand over]
 //   wait S_n -> mask, m_n, P_n, l_n, alpha_n -> wait P_{n-1} V_{n-1} -> O *= alpha_n -> pack P_n
 // and after the loop O += P_last V_last. The equations are 7a's, reordered.
@@ -59,14 +59,15 @@ struct Turns {
 template <class Tr>
 using BlockTurns = Turns<Tr::kConsumerWarpgroups>;
 
-// Where a query tile's data lives for the consumers: 7c's block has one tile, 7d's persistent block many.
+// Where the consumers find a query tile: its Q tile, the barrier that says it landed (and in which phase),
+// and the K/V ring's use of its first K/V tile (the ring's index counts uses: slot and phase, ring.cuh).
+// This kernel's block owns one tile: {sm.q, &sm.q_full, 0, 0}.
 template <class T>
 struct TileSlots {
-  T* q;                         // the [kPanels][Br, 64] Q tile; the epilogue stages O over it
-  uint64_t* q_full;             // completes (phase q_parity) when Q has landed
-  uint32_t q_parity = 0;
-  int it0 = 0;                  // K/V tiles the ring carried before this query tile (the ring's use index)
-  uint64_t* q_empty = nullptr;  // 7d: every consumer warp arrives once its O has left the Q tile
+  T* q;               // the [kPanels][Br, 64] Q tile; the epilogue stages O over it
+  uint64_t* q_full;   // completes (phase q_parity) when Q has landed
+  uint32_t q_parity;
+  int first_use;      // the ring's use index of K/V tile 0
 };
 
 // One consumer warpgroup's main loop and epilogue; cw = 0 or 1 (run_consumer below decides whether it is a
@@ -84,7 +85,9 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const uint32_t q_rows = ptx::smem_u32(at.q) + Tr::QTile::offset(64 * cw, 0);
   const int row_g = w.m0 + 16 * warp + g;
-  const int N = w.n_tiles, i0 = at.it0;  // K/V tile n is the ring's use i0 + n
+  const step4::CausalMask mask(p);  // step 4's mask (mask.h); the tile test's rows: the warp's, within Q
+  const step4::CausalMask::Span warp_rows = mask.span(w.m0 + 16 * warp, min(w.m0 + 16 * warp + 15, p.Nq - 1));
+  const int N = w.n_tiles, i0 = at.first_use;  // K/V tile n is the ring's use i0 + n
   ptx::mbar_wait(at.q_full, at.q_parity);
 
   float o[kOTiles][4] = {};
@@ -95,9 +98,9 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
   // S_n's mask (end of K, causal diagonal) and softmax; P_n stays in s until O may be touched.
   auto softmax_of = [&](int n) {
     const int key0 = n * Bc;
-    if (step4::keys_need_mask(p, p.input_pos + w.m0 + 16 * warp, key0, Bc))
-      step4::apply_mask(s, row_g, key0 + 2 * t, p.Nk, p.causal, p.input_pos);
-    softmax.update_rows(s, alpha, p.scale_log2);
+    if (mask.needs(warp_rows, key0, Bc)) step4::apply_mask(mask, s, row_g, row_g + 8, key0 + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) alpha[r] = softmax.update_row(s, r, p.scale_log2);  // O is rescaled later
   };
   auto pack_p = [&] {
 #pragma unroll
@@ -134,7 +137,8 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
     wgmma_wait<0>();  // P_{n-1} V_{n-1} has landed: O and pa are ours again
     fence_regs(o);
     v_ring.release(i0 + n - 1);
-    softmax.rescale(o, alpha);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) softmax.rescale_row(o, r, alpha[r]);
     pack_p();
   }
   if (N > 0) {  // ---- the last P V ----------------------------------------------------------------------
@@ -147,10 +151,6 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
     v_ring.release(i0 + N - 1);
   }
   step4::store_o_rows<Tr>(o, softmax, at.q, tm_o, w.m0, w.bh, warp, p);
-  if (at.q_empty) {  // 7d: this warp's rows of the tile are free (lane 0 waited for the store to read them)
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(at.q_empty);
-  }
 }
 
 // Consumer warpgroup wg - 1 runs consume_pingpong: with cw in a register (one copy of the loop in the
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kBlocksPerSM)
   // The warpgroup, broadcast from lane 0: ptxas then knows it is the same in every lane (warp-uniform) and keeps
   // what derives from it, the wgmma descriptors of this warpgroup's Q rows, in uniform registers (wgmma.cuh).
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-  const step4::QueryTileWork w(p, Tr::Br, Tr::Bc);
+  const step4::QueryTileWork w(p, step4::CausalMask(p), Tr::Br, Tr::Bc, blockIdx.x);
   if (threadIdx.x == 0) {
     ptx::mbar_init(&sm.q_full, 1);
     step4::TmaRing<Tr::kStages>{sm.k_full, sm.k_empty}.init(Tr::kConsumerWarps);
@@ -187,11 +187,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kBlocksPerSM)
   __syncthreads();  // the barriers exist before anyone waits on them (the last block-wide barrier)
   if (wg == 0) {  // the producer, 7b's
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w, sm.q, &sm.q_full);
+    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w);
     return;
   }
   setmaxnreg_inc<Tr::kConsumerRegs>();
-  const TileSlots<typename Tr::T> at{sm.q, &sm.q_full};
+  const TileSlots<typename Tr::T> at{sm.q, &sm.q_full, 0, 0};
   const BlockTurns<Tr> turns{wg - 1};
   turns.open();
   run_consumer<Tr>(sm, &tm_o, p, w, at, wg);

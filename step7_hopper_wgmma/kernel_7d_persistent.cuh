@@ -13,7 +13,8 @@
 //    one. Each is also where its tile's O is staged (as in 7c), and it is released (q_empty) once every
 //    consumer warp's O has left it; the producer waits for that before it loads the tile after next there;
 //  - the phases: the ring's slot and parity come from a use count that runs over all tiles of the block
-//    (TileSlots::it0); Q tile i's barriers complete once per use (parity = (k / 2) % 2 for the block's tile k);
+//    (TileSlots::first_use, produce_tile); Q tile i's barriers complete once per use (parity = (k / 2) % 2 for
+//    the block's tile k);
 //  - which tile is next: the producer thread takes it (atomicAdd on TileCounter::next, one tile ahead so the
 //    atomic's trip hides behind the current tile's loads) and hands it to the consumers through a slot of
 //    shared memory (PersistentSmem::tile, two slots used alternately like the Q tiles) and two mbarriers per
@@ -30,7 +31,7 @@
 // next to each other, longest first when causal: scheduler.cuh) the ~132 tiles in flight belong to a few
 // heads, whose K/V stay in L2.
 // The counter must read 0 at each launch: it is zeroed once when the launch is prepared, and the last block
-// to find no tile left puts it back to 0 (step 4e's arrival counters do the same).
+// to find no tile left puts it back to 0 (step 4f's arrival counters do the same).
 // Limits: as 7a.
 #pragma once
 #include <cuda.h>
@@ -45,6 +46,23 @@ namespace fa::step7 {
 struct TileCounter {
   int next, done;
 };
+
+// 7b's producer loop for the block's k-th query tile: Q into Q tile i, K and V through the ring, whose use
+// count (`first_use`: the K/V tiles it carried for the block's earlier tiles) runs on from tile to tile.
+template <class Tr, class S>
+__device__ __forceinline__ void produce_tile(S& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                             const CUtensorMap* tm_v, const step4::QueryTileWork& w, int i, int first_use) {
+  constexpr int Bc = Tr::Bc, kStages = Tr::kStages;
+  const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
+  step4::tma_load_tile<typename Tr::QTile>(sm.q[i], tm_q, w.m0, w.bh, &sm.q_full[i]);
+  for (int n = 0; n < w.n_tiles; ++n) {
+    const int u = first_use + n, s = k_ring.slot(u);  // the ring's u-th use
+    if (u >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(u - kStages));  // use u - kStages released
+    k_ring.template load<typename Tr::KVTile>(u, sm.k[0], tm_k, n * Bc, w.bh_kv);
+    if (u >= kStages) ptx::mbar_wait(&sm.v_empty[s], v_ring.parity(u - kStages));
+    v_ring.template load<typename Tr::KVTile>(u, sm.v[0], tm_v, n * Bc, w.bh_kv);
+  }
+}
 
 // grid = min(tiles, SMs) blocks, block = 384 threads (producer + two consumer warpgroups).
 template <class Tr>
@@ -81,8 +99,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if (tile >= num_tiles) break;
       const int next = int(gridDim.x) + atomicAdd(&counter->next, 1);  // used after this tile's loads
       if (k >= 2) ptx::mbar_wait(&sm.q_empty[i], uint32_t(k / 2 - 1) & 1);  // tile k - 2's O has left Q tile i
-      const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, step4::TileOrder::kTileFast, nullptr, tile);
-      produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w, sm.q[i], &sm.q_full[i], it);
+      const step4::QueryTileWork w(p, step4::CausalMask(p), Tr::Br, Tr::Bc, unsigned(tile));
+      produce_tile<Tr>(sm, &tm_q, &tm_k, &tm_v, w, i, it);
       it += w.n_tiles;
       tile = next;
     }
@@ -104,9 +122,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int tile = __shfl_sync(0xffffffffu, sm.tile[i], 0);  // lane 0's read for all: warp-uniform, as wg
     ptx::mbar_arrive(&sm.tile_empty[i]);  // every thread: an arrive releases the arriving thread's own read
     if (tile >= num_tiles) break;
-    const TileSlots<typename Tr::T> at{sm.q[i], &sm.q_full[i], uint32_t(k / 2) & 1, it, &sm.q_empty[i]};
-    const step4::QueryTileWork w(p, Tr::Br, Tr::Bc, step4::TileOrder::kTileFast, nullptr, tile);
+    const TileSlots<typename Tr::T> at{sm.q[i], &sm.q_full[i], uint32_t(k / 2) & 1, it};
+    const step4::QueryTileWork w(p, step4::CausalMask(p), Tr::Br, Tr::Bc, unsigned(tile));
     run_consumer<Tr>(sm, &tm_o, p, w, at, wg);
+    __syncwarp();  // this warp's rows of O have left Q tile i (lane 0 waited for the store to read them) ...
+    if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&sm.q_empty[i]);  // ... so the producer may load tile k + 2's Q there
     it += w.n_tiles;
   }
   turns.close();

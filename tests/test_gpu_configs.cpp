@@ -74,12 +74,14 @@ TEST_P(GpuConfigs, MatchesReference) {
   expect_pass(r);
 }
 
-// Step 4's chapter walks through sub-steps 4a-4d: each is a variant, in order, and on either architecture
+// Step 4's chapter walks through sub-steps 4a-4f: each is a variant, in order, and on either architecture
 // and head dim it names a configuration that is compiled (so the grid and the test above both run it);
-// 4d is the default. Host-side only: it runs without a GPU.
+// 4d is the default, 4e is 4d's configuration with the score modifiers' mask type (chosen by the problem),
+// 4f the split-KV configuration. Host-side only: it runs without a GPU.
 TEST(Step4Substeps, VariantsNameCompiledConfigurations) {
   const Stage& s = find_stage("step4_fused_pipelined");
-  const std::vector<std::string> substeps = {"4a-padded", "4b-swizzle", "4c-cp-async", "4d-tma"};
+  const std::vector<std::string> substeps = {"4a-padded", "4b-swizzle",    "4c-cp-async",
+                                             "4d-tma",    "4e-score-mods", "4f-split-kv"};
   auto at = std::search(s.variants.begin(), s.variants.end(), substeps.begin(), substeps.end());
   ASSERT_NE(at, s.variants.end()) << "step 4's variants list the sub-steps in order";
   for (int cc : {9, 12})
@@ -90,14 +92,19 @@ TEST(Step4Substeps, VariantsNameCompiledConfigurations) {
         const std::string config = s.config_of(p, v, cc);
         EXPECT_NE(std::find(s.tuning_variants.begin(), s.tuning_variants.end(), config), s.tuning_variants.end())
             << v << " -> " << config << " is not a compiled configuration";
-        if (v != "4d-tma") {
+        if (v < "4d") {
           EXPECT_EQ(config.substr(0, 3), v.substr(0, 2) + "-") << v << " runs " << config;
         }
         configs.push_back(config);
       }
-      EXPECT_EQ(configs.back(), s.config_of(p, "auto", cc)) << "4d is the default";
+      EXPECT_EQ(configs[3], s.config_of(p, "auto", cc)) << "4d is the default";
+      EXPECT_EQ(configs[4], configs[3]) << "4e is 4d's configuration (the mask type comes from the problem)";
+      EXPECT_NE(std::find(s.supports.splits.begin(), s.supports.splits.end(), configs[5]), s.supports.splits.end())
+          << "4f runs split-KV: " << configs[5];
+      configs.pop_back();
+      configs.pop_back();
       std::sort(configs.begin(), configs.end());
-      EXPECT_EQ(std::unique(configs.begin(), configs.end()), configs.end()) << "each sub-step its own kernel";
+      EXPECT_EQ(std::unique(configs.begin(), configs.end()), configs.end()) << "4a-4d: each sub-step its own kernel";
     }
 }
 

@@ -1,7 +1,7 @@
 // FlashAttention, step by step — split-KV decoding against step 1 (tests/test_gpu_decode.cpp).
 //
 // Step 4's forward at decode shapes (a few query rows against a long KV cache) takes the split-KV kernel
-// (kernel_4e_split_kv.cuh): the key range split among blocks, partial results merged by combine.cuh, and the
+// (kernel_4f_split_kv.cuh): the key range split among blocks, partial results merged by combine.cuh, and the
 // query heads of a GQA group packed into one tile. This grid forces the number of splits (1, 2, 3, 7, and
 // more splits than K/V tiles, so some splits see no key), and also lets the heuristic choose (0), over
 // Nq in {1, 4, 16}, groups 1, 4, 8 and MQA, causal with input_pos (negative: rows that see nothing, and

@@ -2,7 +2,7 @@
 // (tests/test_gpu_mods_forward.cpp).
 //
 // Every GPU stage that owns forward kernels (step 3's naive kernel, step 4's variants auto, sm90 and sm120
-// as the grid resolves them, and step 4's split-KV path 4e with --splits, packed GQA included) on problems
+// as the grid resolves them, and step 4's split-KV path 4f with --splits, packed GQA included) on problems
 // with the score modifiers of core/score_mod.h: a bias of each broadcast shape (random, with -inf entries,
 // a row the bias masks wholly and a row whose leading tiles it masks), ALiBi with the standard slopes and
 // with given ones, a softcap with and without dropout, sliding windows (non-causal, with causal, with
@@ -280,7 +280,7 @@ TEST_P(GpuModsConfigs, MatchesReferenceOrRefuses) {
   const std::string why = s.unsupported(p, config);
   EXPECT_EQ(declares(s, p, config), has_mods(s, config)) << config << ": the declaration (kHasMods) and the names disagree";
   if (!has_mods(s, config)) {
-    EXPECT_NE(why.find("score modifiers run in 4d's and 4e's configurations"), std::string::npos) << config << ": " << why;
+    EXPECT_NE(why.find("score modifiers run in 4e's and 4f's configurations"), std::string::npos) << config << ": " << why;
     return;
   }
   ASSERT_EQ(why, "") << config;
@@ -304,7 +304,8 @@ TEST(GridDeclarations, ModsForwardCasesAgreeWithRefusals) {
   for (const ModCase& m : cs) expect_declarations_agree(mods_problem(m), [](const Stage&) { return true; });
 }
 
-// Step 4's lesson variants refuse each modifier with the reason; the variants a user runs take them all.
+// Step 4's lesson variants before 4e refuse each modifier with the reason; 4e, 4f and the variants a user runs
+// take them all.
 TEST(Step4ScoreMods, LessonVariantsRefuseThemUserVariantsTakeThem) {
   const Stage& s = find_stage("step4_fused_pipelined");
   for (int64_t d : {64, 128})
@@ -317,15 +318,18 @@ TEST(Step4ScoreMods, LessonVariantsRefuseThemUserVariantsTakeThem) {
       p.window_left = mod == 3 ? 64 : -1;
       const std::string what = "d " + std::to_string(d) + ", modifier " + std::to_string(mod);
       for (const std::string v : {"4a-padded", "4b-swizzle", "4c-cp-async"}) {
-        EXPECT_NE(s.unsupported(p, v).find("score modifiers run in 4d's and 4e's configurations"), std::string::npos)
+        EXPECT_NE(s.unsupported(p, v).find("score modifiers run in 4e's and 4f's configurations"), std::string::npos)
             << v << ", " << what << ": " << s.unsupported(p, v);
         EXPECT_EQ(s.unsupported(plain, v), "") << v << " runs a plain problem";
       }
-      for (const std::string v : {"auto", "sm90", "sm120", "4d-tma", "4e-split-kv"})
+      for (const std::string v : {"auto", "sm90", "sm120", "4e-score-mods", "4f-split-kv"})
         EXPECT_EQ(s.unsupported(p, v), "") << v << ", " << what;
+      EXPECT_NE(s.unsupported(p, "4d-tma").find("4d-tma is the sub-step before the score modifiers"), std::string::npos)
+          << what << ": " << s.unsupported(p, "4d-tma");
+      EXPECT_EQ(s.unsupported(plain, "4d-tma"), "") << "4d-tma runs a plain problem";
       p.splits = 3;  // the split-KV path takes them too
       EXPECT_EQ(s.unsupported(p, "auto"), "") << what;
-      EXPECT_EQ(s.unsupported(p, "4e-split-kv"), "") << what;
+      EXPECT_EQ(s.unsupported(p, "4f-split-kv"), "") << what;
     }
 }
 
@@ -336,7 +340,7 @@ TEST(Step4ScoreMods, CommandLineRefusesThemOnLessonVariants) {
   const cli_test::CliResult r =
       cli_test::run_stage_main("step4_fused_pipelined", {"--seq", "64", "--variant", "4a-padded", "--softcap", "30"});
   EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_NE(r.err.find("step4_fused_pipelined cannot run this problem: score modifiers run in 4d's and 4e's "
+  EXPECT_NE(r.err.find("step4_fused_pipelined cannot run this problem: score modifiers run in 4e's and 4f's "
                        "configurations"),
             std::string::npos)
       << r.err;

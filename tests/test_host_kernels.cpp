@@ -2,10 +2,10 @@
 //
 // What decides which work a GPU block does is plain integer and float arithmetic the kernels share with the
 // host (FA_HD, or CUDA-free headers), so CI checks it where no GPU runs:
-//  - the tile ranges (core/tile_range.h): the K/V tiles a query tile visits (step 4's scheduler, 4e, step 7)
+//  - the tile ranges (core/tile_range.h): the K/V tiles a query tile visits (step 4's scheduler, 4f, step 7)
 //    and the query tiles a key block visits (step 5), against brute force over every (row, key) pair of
 //    many random small problems: a tile is in the range iff some pair of it is visible (core/score_mod.h);
-//  - split-KV's shares (4e): the splits of a query tile cover its tiles once each, with the tile count the
+//  - split-KV's shares (4f): the splits of a query tile cover its tiles once each, with the tile count the
 //    host divides (step4_fused_pipelined/splits.h, split_kv_tiles) never short of what a tile walks;
 //  - the split counts step 6 tries and the one step 4 picks (splits.h: split_counts, choose_splits);
 //  - the merge of split-KV's partial results (core/online_softmax.h: merge_states, merge_acc, partial_state,
@@ -57,7 +57,7 @@ bool any_visible(const ScoreMod& m, int64_t i0, int64_t i1, int64_t j0, int64_t 
   return false;
 }
 
-// The K/V tiles of a query tile, as step 4's scheduler and 4e ask for them: rows first .. last, with the
+// The K/V tiles of a query tile, as step 4's scheduler and 4f ask for them: rows first .. last, with the
 // window's mask (the kernels compiled with score modifiers) or with the causal mask alone (the plain ones,
 // which never see a window). The range is exactly the tiles holding a visible (row, key) pair.
 TEST(TileRanges, KeyTilesOfRowsAreExactlyTheTilesTheySee) {
@@ -137,11 +137,11 @@ TEST(TileRanges, QueryTilesOfAKeyBlockAreExactlyTheTilesThatSeeIt) {
   EXPECT_GT(cut_top, 1000);
 }
 
-// ---- split-KV (4e) --------------------------------------------------------------------------------------
+// ---- split-KV (4f) --------------------------------------------------------------------------------------
 
-// The K/V tiles 4e's query tile walks (kernel_4e_split_kv.cuh): view row r is query row r % Nq of head r / Nq
+// The K/V tiles 4f's query tile walks (kernel_4f_split_kv.cuh): view row r is query row r % Nq of head r / Nq
 // of its group when packed; a tile whose rows wrap around to the next head walks the rows 0 .. Nq - 1.
-TileRange tile_of_4e(const ScoreMod& m, int64_t Nq, int64_t Nk, int64_t view_Nq, int64_t m0, int Br, int Bc,
+TileRange tile_of_4f(const ScoreMod& m, int64_t Nq, int64_t Nk, int64_t view_Nq, int64_t m0, int Br, int Bc,
                      bool packed, bool mods) {
   const int64_t last_row = std::min(m0 + Br, view_Nq) - 1;
   const bool spans_heads = packed && last_row / Nq != m0 / Nq;
@@ -167,7 +167,7 @@ TEST(SplitKv, SharesCoverEveryTileOfEveryQueryTileOnce) {
     SCOPED_TRACE(describe(m, Nq, Nk) + " group " + std::to_string(group) + (packed ? " packed" : "") + " Br " +
                  std::to_string(Br) + " Bc " + std::to_string(Bc) + " splits " + std::to_string(splits));
     for (int64_t m0 = 0; m0 < view_Nq; m0 += Br) {
-      const TileRange all = tile_of_4e(m, Nq, Nk, view_Nq, m0, Br, Bc, packed, mods);
+      const TileRange all = tile_of_4f(m, Nq, Nk, view_Nq, m0, Br, Bc, packed, mods);
       ASSERT_LE(all.count(), kv_tiles) << "query tile at row " << m0 << " walks more tiles than the splits divide";
       int next = all.begin;  // the shares follow one another
       for (int s = 0; s < splits; ++s) {

@@ -264,7 +264,7 @@ TEST(Refusals, ScoreModifiersOnAStageWithoutThem) {
   };
   expect_refused(run_main(s, {"--seq", "8", "--softcap", "5", "--window", "2,0"}),
                  "plain_stage has no score modifiers (--window, --softcap): steps 1 to 6 have them (step 4 in "
-                 "its 4d and 4e configurations)",
+                 "its 4e and 4f configurations)",
                  "--softcap --window");
   expect_refused(run_main(s, {"--seq", "8", "--alibi"}), "plain_stage has no score modifiers (--alibi): ", "--alibi");
   EXPECT_FALSE(made) << "a refused run reached make()";

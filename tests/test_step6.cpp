@@ -193,7 +193,7 @@ TEST(Step6Cache, KeyOfADecodeNamesItsBlocks) {
   EXPECT_EQ(key(forced).find("decode"), std::string::npos);
 }
 
-// Step 6 times each 4e configuration of a decode with the split counts that change a split's share of
+// Step 6 times each 4f configuration of a decode with the split counts that change a split's share of
 // the K/V tiles; nothing else gets split counts.
 TEST(Step6Splits, OffersSplitCountsToSplitKvConfigsAtDecodeOnly) {
   const Stage s = step4::stage();
@@ -237,10 +237,10 @@ TEST(Step6Filter, SkipsConfigsThatCannotRunScoreModifiers) {
     EXPECT_EQ(ok.size() + 1, step6::feasible_variants(s, problem(d, 1024), kFakeH100).size());
     EXPECT_EQ(std::find(ok.begin(), ok.end(), "Br64-Bc64-W4-S2-noswizzle"), ok.end());
     EXPECT_NE(std::find(ok.begin(), ok.end(), step6::default_config(s, p, kFakeH100)), ok.end());
-    EXPECT_NE(std::find(ok.begin(), ok.end(), "4e-Br64-Bc64-W4-S2"), ok.end());
+    EXPECT_NE(std::find(ok.begin(), ok.end(), "4f-Br64-Bc64-W4-S2"), ok.end());
     size_t refused = 0;
     for (const std::string& r : rejected)
-      if (r.find("score modifiers run in 4d's and 4e's configurations") != std::string::npos) ++refused;
+      if (r.find("score modifiers run in 4e's and 4f's configurations") != std::string::npos) ++refused;
     EXPECT_EQ(refused, 8u) << "4a, 4b, 4c at two tile shapes, the block-order and the unswizzled ablations";
   }
   // Step 6's own stage takes the modifiers, and refuses what step 4's default cannot run.
@@ -332,7 +332,7 @@ TEST(Step4Splits, ChoiceFillsTwoBlocksPerSmAndLeavesEachSplitItsKeys) {
   EXPECT_EQ(step4::choose_splits(264, 256, 64, 132), 1);
 }
 
-// A decode: every 4e configuration is timed with each split count too; the choice (configuration and split
+// A decode: every 4f configuration is timed with each split count too; the choice (configuration and split
 // count) is cached, read back, and computes what step 1 computes.
 TEST(Step6, TunesTheSplitsOfADecodeAndCachesThem) {
   if (const std::string why = gpu_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
@@ -346,7 +346,7 @@ TEST(Step6, TunesTheSplitsOfADecodeAndCachesThem) {
   for (const std::string& v : step6::feasible_variants(s, p, dev)) runs += 1 + s.tuning_splits(p, v).size();
   const step6::Choice first = step6::Autotuner(file).choose(s, p);
   EXPECT_EQ(first.source, "tuned now");
-  EXPECT_EQ(first.table.size(), runs) << "every configuration once, and each 4e one with every split count";
+  EXPECT_EQ(first.table.size(), runs) << "every configuration once, and each 4f one with every split count";
   EXPECT_GT(runs, step6::feasible_variants(s, p, dev).size());
   const std::string label = first.splits ? first.variant + " splits=" + std::to_string(first.splits) : first.variant;
   EXPECT_EQ(label, step6::pick(first.table, step6::default_config(s, p, dev)));

@@ -1,4 +1,4 @@
-// FlashAttention, step by step — step 4e: split-KV for decoding (step4_fused_pipelined/kernel_4e_split_kv.cuh)
+// FlashAttention, step by step — step 4f: split-KV for decoding (step4_fused_pipelined/kernel_4f_split_kv.cuh)
 //
 // What it adds over 4d (kernel_4d_tma.cuh): decoding, a few new query rows against a long KV cache. 4d gives
 // one block to each (query tile, head); with Nq = 1 and B * Hq = 32 that is 32 blocks for 132 SMs, each
@@ -18,8 +18,8 @@
 // its keys; the merge (m, l, acc) (+) (m', l', acc') = (max, e^(m - max) l + e^(m' - max) l', ...) of all
 // splits, in any order, is the state over all keys. Stored as (LSE_s, O_s) = (m_s + log l_s, acc_s / l_s),
 // which is the state (LSE_s, 1, O_s).
-// A warp whose rows all lie past the last row (most of a tile, at decode) skips the math. Compiled with
-// kMods, the score modifiers of score_mod.cuh, as in 4d; a window narrows the tiles the splits divide.
+// A warp whose rows all lie past the last row (most of a tile, at decode) skips the math. The mask is a type,
+// as in 4d: with 4e's score modifiers a window narrows the tiles the splits divide.
 // Short tiles (at most kMergeInKernelRows rows, one per warp) skip the combine kernel: each split counts its
 // arrival in `arrivals` with a release-acquire atomic, and the last one, seeing every other split's partial
 // result in L2, merges the tile's rows with the combine's own merge_row.
@@ -39,7 +39,6 @@
 #include "step4_fused_pipelined/mask.h"
 #include "step4_fused_pipelined/ring.cuh"
 #include "step4_fused_pipelined/scheduler.cuh"
-#include "step4_fused_pipelined/score_mod.cuh"
 #include "step4_fused_pipelined/softmax.h"
 
 namespace fa::step4 {
@@ -62,7 +61,7 @@ struct SplitParams {
 constexpr int kMergeInKernelRows = 4;
 
 // grid = (ceil(view Nq / Br) * view Hq * B, splits), block = 32 * kWarps threads, shared memory kFwdSmemBytes<Tr>.
-template <class Tr, bool kDropout, bool kPacked, int kMods = 0>
+template <class Tr, bool kDropout, bool kPacked, class Mask = CausalMask>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     split_kv_forward(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                      const __grid_constant__ CUtensorMap tm_v, const AttnParams p, const SplitParams sp) {
@@ -80,16 +79,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const ScoreMods<kMods == 0 ? kModMask : kMods> mods(p);  // kMods: the score modifiers (read from p.mods), else unused
-  const QueryTileWork w(sp.view, Br, Bc);  // which tile of the view (scheduler.cuh); its n_tiles is not used
+  const Mask mask(p);  // which keys each row sees (mask.h; 4e's ScoreMods), in positions of the problem
+  const QueryTileWork w(sp.view, CausalMask(sp.view), Br, Bc, blockIdx.x);  // which tile of the view (scheduler.cuh); its n_tiles is not used
   auto pos = [&](int r) { return kPacked ? r % p.Nq : r; };  // the query row (position - input_pos) of tile row r
-  // The K/V tiles the tile's rows see (causal: up to the latest row's diagonal), and this split's share.
-  // With a window (kMods), from the earliest row's left edge to the latest row's right edge (core/tile_range.h).
+  // The K/V tiles the tile's rows see (the mask's trip count, from the earliest row's to the latest row's
+  // positions), and this split's share.
   const int last_row = min(w.m0 + Br, sp.view.Nq) - 1;
   const bool spans_heads = kPacked && last_row / p.Nq != w.m0 / p.Nq;  // the tile's positions wrap around
   const int last_i = spans_heads ? p.Nq - 1 : pos(last_row);
-  const TileRange all = key_tiles(p.causal, p.input_pos, p.Nk, spans_heads ? 0 : pos(w.m0), last_i, Bc,
-                                  kMods != 0 ? &mods.m : nullptr);
+  const TileRange all = mask.key_tiles(spans_heads ? 0 : pos(w.m0), last_i, Bc);
   const TileRange share = split_share(all, blockIdx.y, sp.tiles_per_split);
   const int n_begin = share.begin;   // this split's first K/V tile
   const int n_tiles = share.count();
@@ -137,13 +135,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int row_g = w.m0 + 16 * warp + g;  // tile row (of the view) of this thread's row g
   const int r_warp = w.m0 + 16 * warp;     // the warp's first row; the earliest position among its rows:
   const int i_warp = kPacked && r_warp % p.Nq + 15 >= p.Nq ? 0 : pos(r_warp);
-  const int i_warp_last = kPacked && r_warp % p.Nq + 15 >= p.Nq ? p.Nq - 1 : pos(r_warp + 15);  // latest position
-  // kMods: this thread's two rows as the modifier sees them (a packed row's head: its group's g-th).
-  auto mod_row = [&](int r) {  // a padding row past the view's last row: masked, and never a head past Hq
-    return r >= sp.view.Nq ? ModRow{1, 0, 0, nullptr, 0.0f} : mods.row(w.b, kPacked ? w.h * p.group + r / p.Nq : w.h, pos(r));
+  const int i_warp_last = kPacked && r_warp % p.Nq + 15 >= p.Nq ? p.Nq - 1 : min(pos(r_warp + 15), p.Nq - 1);  // latest
+      // position that is a row of Q (the forward leaves rows past the end out of the tile test: nothing stores them)
+  // This thread's two rows as the mask sees them (a packed row's head: its group's g-th). A padding row past
+  // the view's last row is row Nq of its head, which sees nothing (and never a head past Hq).
+  auto mask_row = [&](int r) {
+    const bool pad = r >= sp.view.Nq;
+    return mask.row(w.b, kPacked ? w.h * p.group + (pad ? 0 : r / p.Nq) : w.h, pad ? p.Nq : pos(r));
   };
-  const ModRow mod_g = kMods != 0 ? mod_row(row_g) : ModRow{}, mod_g8 = kMods != 0 ? mod_row(row_g + 8) : ModRow{};
-  const ModRow mod_warp = kMods != 0 ? mods.common(i_warp, i_warp_last) : ModRow{};  // keys all its rows see
+  const typename Mask::Row r_g = mask_row(row_g), r_g8 = mask_row(row_g + 8);
+  const typename Mask::Span warp_rows = mask.span(i_warp, i_warp_last);  // the tile test's rows
 
   // Decoding leaves warps with no row at all (g * Nq = 4 rows fill a quarter of warp 0): they compute nothing,
   // but still wait for every tile and release it, since the ring counts every warp's release (and waiting for
@@ -178,11 +179,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // Mask only where needed: the tail of K, or a tile that crosses the diagonal of this warp's earliest row.
     const int key0 = (n_begin + n) * Bc;
-    if constexpr (kMods != 0) {
-      if (mods.needed(mod_warp, key0, Bc)) mods.apply(s, mod_g, mod_g8, key0 + 2 * t);
-    } else if (keys_need_mask(p, p.input_pos + i_warp, key0, Bc)) {
-      apply_mask(s, pos(row_g), pos(row_g + 8), key0 + 2 * t, p.Nk, p.causal, p.input_pos);
-    }
+    if (mask.needs(warp_rows, key0, Bc)) apply_mask(mask, s, r_g, r_g8, key0 + 2 * t);
 
     softmax.update(s, o, p.scale_log2);  // s now holds P (unnormalised), o is rescaled
     if constexpr (kDropout) keep.apply(s, p.dropout.keep_scale);
