@@ -10,7 +10,9 @@
 //                    the score, or -inf where the row does not see key j; apply_mask() runs it over a thread's
 //                    S accumulators.
 // CausalMask is the mask of the plain kernels: the causal rule (core/problem.h, sees, aligned bottom-right by
-// input_pos) and the ends of Q and K (a tile's rows and keys past them are zero-filled by TMA). Step 4e's
+// input_pos) and the end of K (a tile's keys past it are zero-filled by TMA). Rows past the end of Q are not
+// the mask's business: the forward never stores them, and the backward gives them LSE = +inf, so that their
+// P = exp2(s - inf) is 0 in every tile (step 5's device.cuh). Step 4e's
 // ScoreMods (score_mod.cuh) is the same interface with the sliding window and the value modifiers, so a kernel
 // written against it runs either; adding a mask kind is a new type with these members.
 // The S accumulators of mma.sync: a thread of the warp holds, for each n8 tile nt of S, four scores
@@ -26,6 +28,11 @@
 #include "gpu/attn_params.h"
 
 namespace fa::step4 {
+
+// The causal mask's tile test: does a key of [k0, k0 + cols) lie past the end of K, or above diagonal `diag`?
+__device__ __forceinline__ bool causal_cuts(const AttnParams& p, int64_t diag, int k0, int cols) {
+  return k0 + cols > p.Nk || (p.causal && k0 + cols - 1 > diag);
+}
 
 struct CausalMask {
   static constexpr bool kChangesValues = false;  // a tile the mask does not cross passes untouched
@@ -43,20 +50,23 @@ struct CausalMask {
 
   // ---- the tile test: rows first .. last (a warp's, or a tile's) against keys [k0, k0 + cols) ----
   struct Span {
-    int first, end;  // rows [first, end)
+    int64_t diag;  // the first row's diagonal, input_pos + first: later rows see more
   };
-  __device__ Span span(int first, int last) const { return {first, last + 1}; }
-  // True when some element is hidden: a row past the end of Q (the backward sums over rows: they must add
-  // nothing), a key past the end of K, or a key above the first row's diagonal (later rows see more).
+  __device__ Span span(int first, int /*last*/) const { return {p.input_pos + first}; }
+  // True when some element is hidden: a key past the end of K, or a key above the first row's diagonal.
   __device__ __forceinline__ bool needs(const Span& r, int k0, int cols) const {
-    return r.end > p.Nq || k0 + cols > p.Nk || (p.causal && int64_t(k0) + cols - 1 > p.input_pos + r.first);
+    return causal_cuts(p, r.diag, k0, cols);
   }
 
-  // ---- the element: what a row keeps (here its index i), and the test of key j ----
+  // ---- the element: what a row keeps (here its index i), and the test of key j (the forward's operator()
+  // writes -inf over a hidden score; the backward's visible() selects P = 0) ----
   using Row = int;
   __device__ Row row(int /*b*/, int /*h*/, int i) const { return i; }
-  __device__ __forceinline__ bool visible(Row i, int j) const { return i < p.Nq && j < p.Nk && sees(p.causal, p.input_pos, i, j); }
-  __device__ __forceinline__ float operator()(float s, Row i, int j) const { return visible(i, j) ? s : -INFINITY; }
+  __device__ __forceinline__ bool visible(Row i, int j) const { return j < p.Nk && sees(p.causal, p.input_pos, i, j); }
+  __device__ __forceinline__ float operator()(float s, Row i, int j) const {
+    if (j >= p.Nk || !sees(p.causal, p.input_pos, i, j)) s = -INFINITY;
+    return s;
+  }
 };
 
 // The forward's S accumulators through a mask (any mask type: operator() and a Row): row r0 (r8) is this

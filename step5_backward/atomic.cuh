@@ -104,12 +104,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto load_q_do_tiles = [&](int it) { load_q_do<Tr>(sm, ring, w, p.Hq, it, &tm_q, &tm_do); };
 
   // The LSE (in log2 units) and D of iteration it's Bq query rows go through shared memory: thread x < Bq
-  // fetches LSE of row q0 + x, thread Bq + x its D (0 past Nq), one iteration ahead, so that a warp reads
+  // fetches LSE of row q0 + x, thread Bq + x its D (past Nq: LSE +inf, D 0), one iteration ahead, so that a warp reads
   // its columns' values from shared memory when it needs them instead of holding global loads in flight
   // across a product (they were the kernel's long-scoreboard stalls). Slot it % 2 holds iteration it's.
   auto fetch_lse_d = [&](int it) {
     const int x = threadIdx.x % Bq, i = w.q0(it) + x;
-    if (threadIdx.x >= 2 * Bq || i >= p.Nq) return 0.0f;
+    if (threadIdx.x >= 2 * Bq) return 0.0f;
+    if (i >= p.Nq) return threadIdx.x < Bq ? INFINITY : 0.0f;  // past Q: LSE = +inf makes P = 0 (device.cuh)
     const int64_t row = (int64_t(w.b) * p.Hq + w.head(it)) * p.Nq + i;
     return threadIdx.x < Bq ? p.lse[row] * kLog2e : bp.dsum[row];
   };

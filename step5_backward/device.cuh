@@ -145,7 +145,9 @@ __device__ __forceinline__ ModColumns columns_of(const step4::ScoreMods<kMods>& 
 // takes from the score's modifier:
 //   P = exp2(S' scale log2(e) - LSE log2(e)),  S' = s through the mask and modifiers;  factor = dS'/dX
 // where X is the pre-softcap score (the softcap's derivative, core/score_mod.h softcap_grad_pre; 1 without a
-// softcap). A hidden element has P = 0, selected, never computed into a NaN. kTest: the tile needs the mask's
+// softcap). A hidden element has P = 0, selected, never computed into a NaN. A row past the end of Q (a tile's
+// zero-filled rows) is given LSE = +inf by the kernels: its P = exp2(s - inf) = 0 in every tile, with or
+// without the test, and its dS with it (its dO and D are 0). kTest: the tile needs the mask's
 // element test (mask.h's needs); a mask that changes values (a bias, ALiBi, a softcap) always tests.
 struct Prob {
   float p, grad;

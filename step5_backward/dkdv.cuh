@@ -35,7 +35,7 @@
 namespace fa::step5 {
 
 // LSE (log2 units) and D of the query columns col0 + 8nt + 2t + c (c = 0, 1) that a thread's C fragments of
-// S^T hold (0 past Nq), for head row offset row_off; loaded before the products, so that their latency
+// S^T hold (past Nq: LSE +inf, D 0), for head row offset row_off; loaded before the products, so that their latency
 // hides behind them.
 template <int NT>
 __device__ __forceinline__ void load_lse_d(float (&lse2)[NT][2], float (&d_i)[NT][2], const BwdParams& bp,
@@ -46,7 +46,7 @@ __device__ __forceinline__ void load_lse_d(float (&lse2)[NT][2], float (&d_i)[NT
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int i = col0 + nt * 8 + 2 * t + c;
-      lse2[nt][c] = i < bp.a.Nq ? bp.a.lse[row_off + i] * kLog2e : 0.0f;
+      lse2[nt][c] = i < bp.a.Nq ? bp.a.lse[row_off + i] * kLog2e : INFINITY;  // past Q: P = 0 (device.cuh)
       d_i[nt][c] = i < bp.a.Nq ? bp.dsum[row_off + i] : 0.0f;
     }
 }

@@ -78,13 +78,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     load_a<Br>(doa[kk], do_base, 16 * warp, kk);
   }
 
-  // LSE (in log2 units) and D of this thread's rows g and g + 8; rows beyond Nq are masked below.
+  // LSE (in log2 units) and D of this thread's rows g and g + 8; past Nq, LSE = +inf: P = 0.
   const int row_g = m0 + 16 * warp + g;
   float lse2[2], d_i[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool in_q = row_g + 8 * r < p.Nq;
-    lse2[r] = in_q ? p.lse[int64_t(bh) * p.Nq + row_g + 8 * r] * kLog2e : 0.0f;
+    lse2[r] = in_q ? p.lse[int64_t(bh) * p.Nq + row_g + 8 * r] * kLog2e : INFINITY;  // past Q: P = 0 (device.cuh)
     d_i[r] = in_q ? bp.dsum[int64_t(bh) * p.Nq + row_g + 8 * r] : 0.0f;
   }
 
