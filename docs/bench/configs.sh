@@ -7,7 +7,7 @@
 # with --variant NAME for each name `STAGE --list-variants` prints: first --check against step 1 on a small
 # problem with tails and GQA (a configuration that fails is reported and not timed), then --bench,
 # appending one JSON record per run to OUT.jsonl; a configuration built for the other head dim only is
-# skipped with its reason. The table at the end is what the optimisation logs (docs/results/step4.md,
+# skipped with its reason. The table at the end is what the optimisation histories (docs/history/step4.md,
 # step5.md) quote.
 set -uo pipefail
 build=${1:?build dir}; stage=${2:?stage}; out=${3:?out.jsonl}; n=${4:-4096}; shift 4 2>/dev/null || shift $#

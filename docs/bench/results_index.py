@@ -10,19 +10,20 @@ after a path (`docs/results/raw/NAME`, `../docs/results/NAME`, `raw/NAME`), or, 
 BY_SUFFIX, by the part of the name that sets it apart from a sibling the page names in full ("its `-r2`
 sibling"). The pages, in three kinds:
   path      the reader's path: README.md, step*/README.md and docs/*.md;
-  log       the optimisation logs, docs/results/*.md (this index, docs/results/README.md, is not one);
+  log       the records beside the index, docs/results/*.md (structure.md; this index is not one; the
+            optimisation logs that were here became the histories);
   history   the optimisation histories, docs/history/*.md.
 The course's code cites a file too where it names it by its path from the root ("docs/results/NAME" in
 a source, script or CMake file outside docs/results): a comment that sends the reader there, or a tool
 that reads it (plot_scoreboard.py's inputs, which the commands of docs/index.md draw from).
 
-Which files stay (the rest leave the tree: git keeps them, and a log or history that names one says how
+Which files stay (the rest leave the tree: git keeps them, and a history or record that names one says how
 to print it). A file stays when
   - a path page names it, or
   - the course's code names it by its path, or
   - it is the data a kept plot is drawn from: X-fwd.png and X-bwd.png from X.json (plot.py), X.png from
     X.json or X.jsonl beside it or in raw/ (plot_decode.py, plot_memory.py, plot_ablation.py).
-The logs (docs/results/*.md) stay by the first rule: the chapters link them.
+The records (docs/results/*.md) stay by the first rule: a path page links them.
 
 --check fails when
   - a file under docs/results stays by no rule above (git rm it, or cite it from a path page);
