@@ -212,10 +212,10 @@ def machine(run, page):
                 f"earlier runs on the {run.gpu} ({dates[0]} to {dates[-1]}; `canonical_from_sweeps.py`): rows from different "
                 f"runs were not timed side by side" + (f", and {', '.join(f'`{w}`' for w in without)} had no timing lead"
                                                       if without else "")
-                + f". {sol}mma.sync ceiling {run.ceiling:.0f}, of the run of steps 3 to 5 {conv}.")
+                + f". {sol}mma.sync ceiling {run.ceiling:.0f} TFLOP/s, of the run of steps 3 to 5 {conv}.")
     return (f"One run on the {run.gpu} (driver {d.get('driver') or '?'}, CUDA {d.get('cuda') or '?'}, PyTorch "
             f"{d.get('torch') or '—'}), build `{d.get('build_git') or d.get('git')}`, {d['date']}: "
-            f"{link(page, run.path)}. {sol}the run's mma.sync ceiling: {run.ceiling:.0f} {conv}.")
+            f"{link(page, run.path)}. {sol}the run's mma.sync ceiling: {run.ceiling:.0f} TFLOP/s {conv}.")
 
 
 def shapes_line(run, cells="TFLOP/s (% of SoL)"):
@@ -418,7 +418,8 @@ def block_step4(run, page):
                            "faster SDPA µs", f"SDPA / {label}"], drows, 0)
     lines += ["", f"Decoding ({label}, `--variant {'` / `'.join(sorted(variant)) or canonical.STEP4_SPLIT_KV}`): a few "
               f"query rows against a long KV cache, bf16, Hq = 32, causal bottom-right; GB/s = the bytes of Q, K, V "
-              f"and O / time; the roof is the same run's device copy, {run.data.get('copy_gbps') or 0:.0f} GB/s.",
+              f"and O / time; the roof is the same run's device copy, "
+              + (f"{run.data['copy_gbps']:.0f} GB/s." if run.data.get("copy_gbps") else "not measured."),
               machine(run, page)]
     return "\n".join(lines)
 
