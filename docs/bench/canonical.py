@@ -45,8 +45,8 @@ ROOT = sweep.ROOT
 
 # ---- the variants the run times: a stage's renamed variant is a one-line change here --------------------
 STEP4_SUBSTEPS = ["4a-padded", "4b-swizzle", "4c-cp-async", "4d-tma"]
-STEP4_SPLIT_KV = "4e-split-kv"    # the split-KV decoding sub-step (to become 4f-split-kv, with 4e the modifiers)
-STEP4_MODS = "4d-tma"             # the kernel the score-modifier points run (4e's variant, once it has one)
+STEP4_SPLIT_KV = "4f-split-kv"    # the split-KV decoding sub-step
+STEP4_MODS = "4e-score-mods"      # the score modifiers' sub-step: 4d's kernel with their mask (4d-tma refuses them)
 STEP5_VARIANTS = ["deterministic", "atomic"]
 STEP6_VARIANT = "tuned"
 STEP7_SUBSTEPS = ["7a-wgmma", "7b-specialized", "7c-pingpong", "7d-persistent"]
