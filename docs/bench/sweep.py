@@ -15,6 +15,8 @@ docs/bench/plot.py turns into plots and tables. The core needs only the Python s
                                   # tuned vs default, timed in alternating rounds inside every point
     python3 docs/bench/sweep.py --stages step7_hopper_wgmma:7a-wgmma step7_hopper_wgmma:7b-specialized \
         step7_hopper_wgmma:7c-pingpong --no-peers          # step 7's sub-steps, one line each in the plots
+    python3 docs/bench/sweep.py --canonical --build build  # the canonical run the pages' tables come from
+                                  # (docs/bench/canonical.py; --canonical --help lists its options)
 
 Without a usable GPU (asked of the build's flashattention_tour --gpu-status before the first point), it
 stops at once with one line saying why, and exit code 1. Without --stages it runs every GPU stage the build
@@ -192,17 +194,23 @@ def shape_flags(s):
             "--seq-q", str(s["Nq"]), "--seq-k", str(s["Nk"]), "--dim", str(s["d"])]
 
 
-def run_stage(exe, s, variant, backward, check, timeout, extra=(), lead=0):
+def stage_command(exe, s, variant, backward, check, out, extra=()):
+    """The command line of one stage run at point s, its JSON record appended to out."""
+    cmd = [exe, "--bench", "--json", out, "--dtype", "bf16"] + shape_flags(s) + list(extra)
+    cmd += ["--causal"] * s["causal"] + ["--backward"] * backward + ["--check"] * check
+    return cmd + (["--variant", variant] if variant else [])
+
+
+def run_stage(exe, s, variant, backward, check, timeout, extra=(), lead=0, env=None):
     """One executable run: returns (harness JSON record or None, error string or None). lead: GPU cycles the
-    harness spins after each L2 flush, before the start event (FA_TIMING_LEAD_CYCLES; the peers' lead)."""
+    harness spins after each L2 flush, before the start event (FA_TIMING_LEAD_CYCLES; the peers' lead);
+    env: more environment variables for the run (the canonical run gives step 6 a cache of its own)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rec.jsonl")
-        cmd = [exe, "--bench", "--json", out, "--dtype", "bf16"] + shape_flags(s) + list(extra)
-        cmd += ["--causal"] * s["causal"] + ["--backward"] * backward + ["--check"] * check
-        cmd += ["--variant", variant] if variant else []
+        cmd = stage_command(exe, s, variant, backward, check, out, extra)
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                               env=dict(os.environ, FA_TIMING_LEAD_CYCLES=str(lead)))
+                               env=dict(os.environ, FA_TIMING_LEAD_CYCLES=str(lead), **(env or {})))
         except subprocess.TimeoutExpired:
             return None, f"timed out after {timeout} s"
         rec = None
@@ -532,9 +540,16 @@ def combine_rounds(by_round):
 
 
 def main():
+    if "--canonical" in sys.argv[1:]:  # the canonical run: docs/bench/canonical.py, which has its own options
+        import canonical
+        sys.exit(canonical.main([a for a in sys.argv[1:] if a != "--canonical"], prog="sweep.py --canonical"))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], epilog=__doc__[__doc__.index("--decode:"):],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build", help="the CMake build directory (default: build)")
+    ap.add_argument("--canonical", action="store_true",
+                    help="the canonical run instead: every point the pages cite, into ONE "
+                         "docs/results/canonical-<gpu>.json (docs/bench/canonical.py; --canonical --help "
+                         "lists its options)")
     ap.add_argument("--stages", nargs="*", metavar="STAGE[:VARIANT]",
                     help="stages to run, each optionally with a variant (default: every GPU stage built, or "
                          f"with --decode {' '.join(DECODE_STAGES)}; --stages with no name: peers only)")
