@@ -12,7 +12,7 @@
 //   2. the vectors: with m and l known, split s contributes e^(LSE_s - m) / l times O_s. The terms do not
 //      depend on one another, so the loads of many splits are in flight at once (a chain of merges, or a
 //      loop with a branch per split, waits for one split's O before the next: 32 splits x a memory round
-//      trip, 15 us on the H100; docs/results/step4.md). No address waits for m or l either: the LSEs and the
+//      trip, 15 us on the H100; docs/history/step4.md#4e-the-merge-kernel-rewritten-twice). No address waits for m or l either: the LSEs and the
 //      O of the first 32 splits are requested together, before part 1, so a decode row's merge costs one
 //      round trip, not three (LSEs, LSEs again for the weights, then O).
 // Lane k holds columns k * D / 32 .. of O (contiguous, so a warp reads whole rows).
@@ -36,7 +36,7 @@ constexpr int kCombineRowsPerBlock = 4;  // one warp per row
 // lse [rows] (if not null). Called by every lane of the warp. kViaL2: the splits were written by other blocks
 // of the same grid (the split kernel's last block merges short tiles itself), so the loads bypass L1 (__ldcg),
 // which may hold an older copy of a line; the combine kernel, a later grid, loads plainly (with __ldcg it ran
-// up to 16 % slower on the H100: docs/results/step4.md).
+// up to 16 % slower on the H100: docs/history/step4.md#4e-the-in-kernel-merge-of-short-tiles).
 template <typename T, int D, bool kViaL2>
 __device__ __forceinline__ void merge_row(const float* o_part, const float* lse_part, int splits, int64_t rows,
                                           int64_t row, int lane, T* o, float* lse) {

@@ -2,7 +2,7 @@
 //
 // One list per head dim: the defaults per architecture and every configuration --variant (and step 6's
 // tuner) can pick. launch.cu compiles a kernel for each entry of `All` and looks them up by name, so a
-// configuration joins the course by one line in that list. Measured results: docs/results/step4.md.
+// configuration joins the course by one line in that list. Measured results: docs/history/step4.md.
 #pragma once
 #include <algorithm>
 #include <cstdint>

@@ -57,7 +57,7 @@ struct SplitParams {
 
 // A query tile with at most this many rows (decoding one token: g * Nq <= 4) is merged by its last split to
 // finish, inside the split kernel, one warp per row: a handful of rows is too little work to pay for a second
-// kernel. More rows would queue on the last block's warps (docs/results/step4.md).
+// kernel. More rows would queue on the last block's warps (docs/history/step4.md#4e-the-in-kernel-merge-of-short-tiles).
 constexpr int kMergeInKernelRows = 4;
 
 // grid = (ceil(view Nq / Br) * view Hq * B, splits), block = 32 * kWarps threads, shared memory kFwdSmemBytes<Tr>.
@@ -174,7 +174,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // The producer refills K after this warp's Q K^T (the other warps are likely done with tile n - 1), V
     // only after its P V below: V's next tile is needed half an iteration after K's, and K's and V's copies
-    // then leave apart rather than together, which streams K/V faster at decode (docs/results/step4.md).
+    // then leave apart rather than together, which streams K/V faster at decode
+    // (docs/history/step4.md#4e-the-order-of-the-refills-kept-v-after-p-v).
     if constexpr (kStages > 1) k_ring.refill(n, n_tiles, load_k);
 
     // Mask only where needed: the tail of K, or a tile that crosses the diagonal of this warp's earliest row.

@@ -6,7 +6,7 @@
 // reversed: the longest blocks start first and the short ones fill the tail. A block visits the K/V tiles
 // its rows see: all of K, or (causal) up to the diagonal of its last row. Step 5's dQ kernel walks the
 // same schedule. The ablation TileOrder::kHeadFast makes the head the fast index instead: the blocks in
-// flight then read as many different heads' K/V as there are blocks (docs/results/step4.md, row 14).
+// flight then read as many different heads' K/V as there are blocks (docs/history/step4.md#ablation-the-head-as-the-fast-index).
 // Which K/V tiles those are is the mask's trip count (mask.h, key_tiles): with 4e's sliding window a block
 // visits only the tiles some row of it sees, from the first row's left edge to the last row's right edge
 // (n_begin > 0). The arithmetic is core/tile_range.h's, which the host tests check against brute force.

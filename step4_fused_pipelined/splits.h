@@ -23,14 +23,14 @@ inline std::vector<int> split_counts(int64_t kv_tiles) {
 }
 
 // A split keeps at least this many keys: fewer leave its block too little work for its fixed costs (set-up,
-// the first loads' latency, the merge's read of its result). Every count, measured: docs/results/step4.md.
+// the first loads' latency, the merge's read of its result). Every count, measured: docs/history/step4.md#4e-the-split-count.
 constexpr int64_t kMinSplitKeys = 128;
 
 // The number of splits, after FlashAttention's heuristic: none when the blocks already fill the GPU, counted
 // as two blocks per SM; otherwise the fewest of split_counts (above) whose waves of blocks fill those
 // slots to within 85 % of the best, among the counts that leave each split at least kMinSplitKeys keys
 // (`kv_tiles` tiles of `tile_keys` keys). Measured against every count on the H100, this rule is within a few
-// percent of the best count (docs/results/step4.md).
+// percent of the best count (docs/history/step4.md#4e-the-split-count).
 inline int choose_splits(int64_t blocks, int64_t kv_tiles, int64_t tile_keys, int sms) {
   const int64_t slots = 2 * int64_t(sms);
   if (blocks >= 0.8 * double(slots)) return 1;

@@ -13,7 +13,7 @@
 //      dQ          kWarpQueriesDq x kWarpDq   4 x 2 / 2 x 4 over queries x cols   32 x 32 / 32 x 32
 //    so each operand tile is read by a few warps. The price: a warp's dV, dK and dQ need P^T and dS^T of
 //    queries and keys other warps computed, so both are parked in shared memory (stmatrix) and a split
-//    barrier separates their stores from those reads (docs/results/step5.md #8-10, #17, #19, #21).
+//    barrier separates their stores from those reads (docs/history/step5.md#the-atomic-kernel).
 // Also: each block starts its sweep over the query tiles at its own key tile's index (KeyBlockWork's
 // rotate, device.cuh: the blocks of one head add into different dQ rows at a time, #13); the LSE and D of
 // a step's queries are staged in shared memory one step ahead (#18); at d = 64 the Bq = 128 tiles leave

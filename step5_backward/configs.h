@@ -4,7 +4,7 @@
 // atomic kernel's tiles alone; every tile parameter is given by name (traits.h). One list per head dim
 // (Configs::All) feeds everything: the kernels compiled (prepare.cuh, one dtype and head dim per
 // translation unit), the names --variant accepts, step 6's tuning list and the configuration test. A
-// configuration joins the course by one line in that list. Measured results: docs/results/step5.md.
+// configuration joins the course by one line in that list. Measured results: docs/history/step5.md.
 #pragma once
 #include <algorithm>
 #include <string>
@@ -78,7 +78,7 @@ struct Configs {
   using AtomicKvDq = Atomic<AtomicTiles{.Bc = 128, .Bq = 64, .warps_k = 2, .warps_q = 4, .dkv_warps_k = 4, .dq_warps_q = 2},
                             /*mods=*/true>;
 
-  // The defaults (measured on the H100: docs/results/step5.md); the atomic ones are compiled with score
+  // The defaults (measured on the H100: docs/history/step5.md); the atomic ones are compiled with score
   // modifiers (/*mods=*/true above), as is every deterministic configuration.
   using Deterministic = std::conditional_t<D == 128, DetQ, Det4>;
   using AtomicSm90 = std::conditional_t<D == 64, AtomicTallKv, AtomicKvDq>;

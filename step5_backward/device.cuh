@@ -185,7 +185,7 @@ __device__ __forceinline__ PdS p_and_ds(Prob pr, float dp, float z, float d) {
 //              instruction or none per ldmatrix, at the price of lane addresses held in registers. It needs
 //              the first row to be a multiple of 8 and the first column's chunk bits disjoint from the
 //              steps' (a multiple of a power of two larger than they are).
-// Which is faster depends on the kernel's register pressure; measured per configuration (step5.md #20).
+// Which is faster depends on the kernel's register pressure; measured per configuration (docs/history/step5.md#xor-stepped-ldmatrix-addresses-log-row-20).
 enum class Frag { kA, kB, kBTrans };
 template <int Rows, Frag kFrag, bool kXorSteps>
 struct Operand {

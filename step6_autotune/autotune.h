@@ -2,7 +2,7 @@
 //
 // What it adds over step 5: nothing new on the GPU. Steps 4 and 5 compile a list of configurations
 // (tile sizes Br and Bc, warps, pipeline stages), each selectable by name; which one is fastest depends on
-// the GPU, the head dim, the mask and the sequence length (docs/results/step4.md: Bc = 128 wins at
+// the GPU, the head dim, the mask and the sequence length (docs/history/step4.md: Bc = 128 wins at
 // d = 128 on an H100, two 4-warp blocks win at d = 64). The autotuner
 //   1. filters the list by what the device allows (shared memory per block, threads per block),
 //   2. times each survivor on the user's problem (fresh inputs, warm-up, median of CUDA-event timings),
@@ -49,7 +49,7 @@ std::string cache_key(const Stage& s, const Problem& p, const DeviceLimits& dev,
 
 // The winner of a timed table: the fastest configuration, unless the default's own time (if it is in the
 // table) is within `margin` of it, in which case the default stays. Timings of one GPU move by about 2%
-// from run to run (docs/results/step4.md), so a smaller win is noise, not a reason to switch.
+// from run to run (docs/history/step4.md), so a smaller win is noise, not a reason to switch.
 constexpr double kKeepDefaultMargin = 0.03;
 std::string pick(const std::vector<std::pair<std::string, double>>& table, const std::string& default_config,
                  double margin = kKeepDefaultMargin);

@@ -2,7 +2,7 @@
 //
 // One list per head dim, as in step 4 (step4_fused_pipelined/configs.h): the chapter's sub-steps 7a-7c at the
 // default tiles, and the other tiles --variant can name. launch.cu compiles a kernel for each entry of `All`.
-// Measured results: docs/results/step7.md.
+// Measured results: docs/history/step7.md.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -41,7 +41,7 @@ struct Configs {
   // thread after setmaxnreg, enough for 128-key tiles), FlashAttention 3's tile at d = 64.
   static constexpr HopperTiles kThree{.Br = 192, .Bc = 128, .stages = 2};
   // The default depends on the head dim, the mask and the length of a query tile's work, Nk (measured on the
-  // H100: docs/results/step7.md, runs 5-7 and rows 13, 17, 21, 25 and 39). Short rows are a few K/V trips, and the
+  // H100: docs/history/step7.md#the-default-as-it-changed-log-rows-7-11-13-17-26). Short rows are a few K/V trips, and the
   // start and end of each tile weigh most: 7d's persistent blocks hide them, with or without a mask at d = 128
   // (up to kShortKeys), and without one at d = 64 up to 1024 keys; with a causal mask at d = 64 three blocks of
   // 64 rows per SM hide them better, up to kThirdCausalKeys. Longer rows at d = 64 take three consumer

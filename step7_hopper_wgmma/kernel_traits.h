@@ -78,7 +78,7 @@ struct HopperTraits {
   // How many copies of the consumer loop the binary holds (kernel_7c_pingpong.cuh, run_consumer): one, which
   // every warpgroup runs with its index cw in a register, or one per warpgroup with cw a constant. At
   // d = 128 a copy is long enough that two running at once stall the warps on instruction fetch; at d = 64
-  // two fit, and the constant index is faster (measured: docs/results/step7.md); three warpgroups (Br = 192)
+  // two fit, and the constant index is faster (measured: docs/history/step7.md#one-copy-of-the-consumer-loop-log-row-15); three warpgroups (Br = 192)
   // keep one copy, as measured.
   static constexpr bool kOneLoopCopy = D == 128 || kConsumerWarpgroups == 3;
 

@@ -50,7 +50,7 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo,
 // The same descriptor `bytes` further on (a multiple of 16): only the start address field changes, by
 // bytes / 16, and it cannot carry into bit 14 (a shared-memory address is below 228 KB, so start / 16 < 2^14).
 // One 32-bit add on the low word, where rebuilding a descriptor from its address costs a shift, two masks
-// and an OR, and ptxas moves each result into a uniform register (7d's SASS: docs/results/step7.md).
+// and an OR, and ptxas moves each result into a uniform register (7d's SASS: docs/history/step7.md#uniform-descriptors-log-rows-37-38).
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
   return (desc & 0xffffffff00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
 }
