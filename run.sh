@@ -32,8 +32,9 @@ Environment:
   BUILD_DIR       the build folder (default: build)
   CMAKE_ARGS      extra configure flags: -DFA_WITH_CUDA=OFF builds the CPU stages only (a first build on
                   2 cores: $BUILD_TIME_CPU_ONLY; with the GPU stages: $BUILD_TIME_WITH_GPU);
-                  -DCMAKE_CUDA_ARCHITECTURES=90 the GPU stages for an H100 or H200 only, =120 for an
-                  RTX 50-series card only (the default builds both)
+                  -DCMAKE_CUDA_ARCHITECTURES=90 the GPU stages for an H100 or H200, =120 for an
+                  RTX 50-series card (the default: the GPU nvidia-smi finds; without one, sm_120 and,
+                  for step 7, sm_90a)
   FA_DEPS_PREFIX  the dependencies are unpacked under this prefix, not installed: skips the package check
                   (docs/reproduce.md)
 
