@@ -9,7 +9,7 @@
 // pass through ScoreMods before the softmax, and only where needed:
 //   a bias, ALiBi or a softcap changes every visible score: every tile passes through, element by element;
 //   a mask alone (causal, window, the end of K) only cuts the tiles it crosses: the others pass untouched,
-//   and the scheduler never visits tiles wholly outside the window (scheduler.cuh, window_tiles).
+//   and the scheduler never visits tiles wholly outside the window (key_tiles and query_tiles below).
 // Units: step 4's softmax keeps scores in raw units q.k and folds the scale into exp2 (softmax.h). The
 // modifier is defined on scaled scores; in raw units it is the same modifier with every constant divided
 // by the scale (bias / scale, slope / scale, c / scale: c tanh(scale s / c) / scale = c' tanh(s / c')):
