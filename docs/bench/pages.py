@@ -204,17 +204,15 @@ def machine(run, page):
     d = run.data
     sol = (f"SoL: the dense bf16 peak, {run.sol:.0f} TFLOP/s; ")
     conv = f"([conventions]({rel(page, 'docs/conventions.md')}#speed-of-light))"
-    if run.stand_in:
+    if run.stand_in:  # no dates, hashes or run names on the reader's path: the file and the script hold them
         srcs = [s for s in run.stand_in["sources"] if s.get("records")]
-        dates = sorted((s.get("date") or "")[:10] for s in srcs)
         without = sorted({r.get("source") for r in run.records if "lead_cycles" not in r})
         return (f"**Stand-in, not one run:** until the canonical run exists, {link(page, run.path)} gathers {len(srcs)} "
-                f"earlier runs on the {run.gpu} ({dates[0]} to {dates[-1]}; `canonical_from_sweeps.py`): rows from different "
-                f"runs were not timed side by side" + (f", and {', '.join(f'`{w}`' for w in without)} had no timing lead"
-                                                      if without else "")
+                f"earlier runs on the {run.gpu} (`canonical_from_sweeps.py` names them): rows from different runs were "
+                f"not timed side by side" + (f", and {len(without)} of them had no timing lead" if without else "")
                 + f". {sol}mma.sync ceiling {run.ceiling:.0f} TFLOP/s, of the run of steps 3 to 5 {conv}.")
     return (f"One run on the {run.gpu} (driver {d.get('driver') or '?'}, CUDA {d.get('cuda') or '?'}, PyTorch "
-            f"{d.get('torch') or '—'}), build `{d.get('build_git') or d.get('git')}`, {d['date']}: "
+            f"{d.get('torch') or '—'}; the build and the date are in the file): "
             f"{link(page, run.path)}. {sol}the run's mma.sync ceiling: {run.ceiling:.0f} TFLOP/s {conv}.")
 
 
