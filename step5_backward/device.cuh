@@ -46,7 +46,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Score modifiers. Row i sees the keys [diag - left, diag + right] of 0 .. Nk-1, diag = input_pos + i
 // (core/score_mod.h, visible_range), -1 a side without bound; the causal mask caps right at 0. The band
-// moves right as i grows: what the schedule below and ModColumns build on.
+// moves right as i grows: what ModColumns builds on.
 struct Band {
   int64_t left, right;
   __device__ explicit Band(const ScoreMod& m) : left(m.window_left), right(m.causal ? 0 : m.window_right) {}
