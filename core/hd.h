@@ -6,3 +6,11 @@
 #else
 #define FA_HD inline
 #endif
+
+// FA_UNROLL: "#pragma unroll" for nvcc, nothing for a host compiler (which would warn about it): for the loops
+// of FA_HD functions that the host tests run too.
+#if defined(__CUDACC__)
+#define FA_UNROLL _Pragma("unroll")
+#else
+#define FA_UNROLL
+#endif

@@ -7,6 +7,9 @@
 //    many random small problems: a tile is in the range iff some pair of it is visible (core/score_mod.h);
 //  - split-KV's shares (4f): the splits of a query tile cover its tiles once each, with the tile count the
 //    host divides (step4_fused_pipelined/splits.h, split_kv_tiles) never short of what a tile walks;
+//  - the plain kernels' mask type (step4_fused_pipelined/mask.h, CausalMask): its tile test says "needs the
+//    element test" exactly when some element of the tile is hidden, and its element test and apply_mask agree
+//    with the causal rule, element by element;
 //  - the split counts step 6 tries and the one step 4 picks (splits.h: split_counts, choose_splits);
 //  - the merge of split-KV's partial results (core/online_softmax.h: merge_states, merge_acc, partial_state,
 //    the functions combine.cuh runs), against the unsplit result in fp64, empty splits included.
@@ -22,6 +25,7 @@
 #include "core/online_softmax.h"
 #include "core/score_mod.h"
 #include "core/tile_range.h"
+#include "step4_fused_pipelined/mask.h"
 #include "step4_fused_pipelined/splits.h"
 
 namespace fa {
@@ -135,6 +139,65 @@ TEST(TileRanges, QueryTilesOfAKeyBlockAreExactlyTheTilesThatSeeIt) {
   }
   EXPECT_GT(nonempty, 10000);
   EXPECT_GT(cut_top, 1000);
+}
+
+// ---- the mask type (step 4's mask.h) ---------------------------------------------------------------------
+
+// Random tiles of random causal and non-causal problems (bottom-right alignment and around it, rows that see
+// no key included): CausalMask's tile test on the first row's diagonal is true iff some (row, key) of the
+// tile is hidden (a key past Nk, or above a row's diagonal), and its element tests are the causal rule's.
+TEST(CausalMaskType, TileTestIsTrueExactlyWhenAnElementIsHidden) {
+  std::mt19937 rng(11);
+  int needed = 0, untouched = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    AttnParams p{};
+    p.Nq = 1 + int(rng() % 200);
+    p.Nk = 1 + int(rng() % 200);
+    p.causal = rng() % 4 != 0;
+    p.input_pos = int64_t(p.Nk) - p.Nq + int64_t(rng() % 41) - 20;
+    const step4::CausalMask mask(p);
+    const int rows = 16 << (rng() % 3), cols = 16 << (rng() % 4);
+    const int first = int(rng() % unsigned(p.Nq)), last = std::min(first + rows - 1, p.Nq - 1);
+    const int k0 = int(rng() % unsigned((p.Nk + cols - 1) / cols)) * cols;
+    bool hidden = false;
+    for (int i = first; i <= last; ++i)
+      for (int j = k0; j < k0 + cols; ++j) {
+        const bool vis = j < p.Nk && sees(p.causal, p.input_pos, i, j);
+        ASSERT_EQ(mask.visible(mask.row(0, 0, i), j), vis) << "row " << i << " key " << j;
+        ASSERT_EQ(mask(1.5f, mask.row(0, 0, i), j), vis ? 1.5f : -INFINITY);
+        hidden = hidden || !vis;
+      }
+    EXPECT_EQ(mask.needs(mask.span(first, last), k0, cols), hidden)
+        << "Nq " << p.Nq << " Nk " << p.Nk << " causal " << p.causal << " input_pos " << p.input_pos << " rows "
+        << first << ".." << last << " keys " << k0 << "+" << cols;
+    (hidden ? needed : untouched) += 1;
+  }
+  EXPECT_GT(needed, 300);  // both answers were asked for often
+  EXPECT_GT(untouched, 300);
+}
+
+// apply_mask over a thread's S accumulators (mask.h's layout: s[nt][0..1] row r0, s[nt][2..3] row r8, keys
+// key_2t + 8nt, +1) hides exactly the scores the element test hides and leaves the others as they were.
+TEST(CausalMaskType, ApplyMaskFollowsTheFragmentLayout) {
+  AttnParams p{};
+  p.Nq = 40;
+  p.Nk = 70;
+  p.causal = true;
+  p.input_pos = 30;
+  const step4::CausalMask mask(p);
+  for (int r0 : {0, 8, 24, 31})
+    for (int key_2t : {0, 6, 34, 62}) {
+      float s[8][4];
+      for (int nt = 0; nt < 8; ++nt)
+        for (int e = 0; e < 4; ++e) s[nt][e] = float(nt * 4 + e);
+      step4::apply_mask(mask, s, r0, r0 + 8, key_2t);
+      for (int nt = 0; nt < 8; ++nt)
+        for (int e = 0; e < 4; ++e) {
+          const int i = e < 2 ? r0 : r0 + 8, j = key_2t + 8 * nt + (e & 1);
+          const bool vis = j < p.Nk && sees(p.causal, p.input_pos, i, j);
+          EXPECT_EQ(s[nt][e], vis ? float(nt * 4 + e) : -INFINITY) << "row " << i << " key " << j;
+        }
+    }
 }
 
 // ---- split-KV (4f) --------------------------------------------------------------------------------------
