@@ -7,9 +7,9 @@
 #define FA_HD inline
 #endif
 
-// FA_UNROLL: "#pragma unroll" for nvcc, nothing for a host compiler (which would warn about it): for the loops
-// of FA_HD functions that the host tests run too.
-#if defined(__CUDACC__)
+// FA_UNROLL: "#pragma unroll" in nvcc's device pass, nothing in a host compiler's (gcc warns about it): for
+// the loops of FA_HD functions that the host tests run too.
+#if defined(__CUDA_ARCH__)
 #define FA_UNROLL _Pragma("unroll")
 #else
 #define FA_UNROLL
