@@ -76,6 +76,14 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c)[NT][
   a[3] = ptx::pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
+// One ldmatrix.x4 of B holds the fragments of two n8 tiles (16 columns): c[2np] += a b[0..1] and
+// c[2np + 1] += a b[2..3], one mma each. Every product of the course's mma.sync kernels is made of these.
+template <typename T, int N>
+__device__ __forceinline__ void mma_two_n8(float (&c)[N][4], int np, const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+  ptx::mma_16816<T>(c[2 * np], a, {b[0], b[1]});
+  ptx::mma_16816<T>(c[2 * np + 1], a, {b[2], b[3]});
+}
+
 // S [16, Bc] += Q K^T for one warp: its Q rows as A fragments (qa, every k16 step of d) against the K tile
 // [Bc, D] at k_base. For S = Q K^T, B[k][n] = K[key n][dim k]: a plain ldmatrix.x4 of key rows gives the B
 // fragments of two n8 tiles (16 keys), each feeding one mma.
@@ -87,8 +95,7 @@ __device__ __forceinline__ void warp_qk(float (&s)[Bc / 8][4], const uint32_t (&
     for (int np = 0; np < Bc / 16; ++np) {
       uint32_t kb[4];
       load_b<Bc, L>(kb, k_base, np * 16, kk);
-      ptx::mma_16816<T>(s[2 * np], qa[kk], {kb[0], kb[1]});
-      ptx::mma_16816<T>(s[2 * np + 1], qa[kk], {kb[2], kb[3]});
+      mma_two_n8<T>(s, np, qa[kk], kb);
     }
 }
 
@@ -102,8 +109,7 @@ __device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const uint32_t (&p
     for (int np = 0; np < D / 16; ++np) {
       uint32_t vb[4];
       load_b_trans<Bc, L>(vb, v_base, kk, np * 16);
-      ptx::mma_16816<T>(o[2 * np], pa[kk], {vb[0], vb[1]});
-      ptx::mma_16816<T>(o[2 * np + 1], pa[kk], {vb[2], vb[3]});
+      mma_two_n8<T>(o, np, pa[kk], vb);
     }
 }
 

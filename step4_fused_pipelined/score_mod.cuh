@@ -103,14 +103,7 @@ struct ScoreMods {
   // Score s (raw units) of row r, key j -> the modified score in raw units, or -inf where masked.
   __device__ __forceinline__ float operator()(float s, const ModRow& r, int j) const {
     if (!visible(r, j)) return -INFINITY;
-    if constexpr (kValues == 0) {
-      return s;
-    } else {
-      float b = 0.0f;
-      if constexpr ((kValues & kModBias) != 0)
-        if (kLone || r.bias) b = __ldg(r.bias + j) * inv_scale;  // the bias in raw units
-      return modify_at<kValues>(m, s, b, r.slope, j - r.diag);
-    }
+    return cap(shifted(s, r, j));
   }
 
   // operator() in two halves, for a backward that needs the softcap's derivative: pre() adds the bias and
@@ -119,6 +112,16 @@ struct ScoreMods {
   // derivative at x (core/score_mod.h, softcap_grad_pre; 1 in a kernel compiled without the softcap).
   __device__ __forceinline__ float pre(float s, const ModRow& r, int j) const {
     if (!visible(r, j)) return -INFINITY;
+    return shifted(s, r, j);
+  }
+  __device__ __forceinline__ float cap(float x) const { return softcap_at<kValues>(m, x); }
+  __device__ __forceinline__ float grad(float x) const {
+    if constexpr ((kValues & kModSoftcap) == 0) return 1.0f;
+    else return softcap_grad_pre<kLone>(m, x);
+  }
+
+  // The terms a visible score gains before the softcap (bias, ALiBi): x in raw units.
+  __device__ __forceinline__ float shifted(float s, const ModRow& r, int j) const {
     if constexpr ((kValues & ~kModSoftcap) == 0) {
       return s;
     } else {
@@ -127,11 +130,6 @@ struct ScoreMods {
         if (kLone || r.bias) b = __ldg(r.bias + j) * inv_scale;  // the bias in raw units
       return modify_pre_at<kValues>(m, s, b, r.slope, j - r.diag);
     }
-  }
-  __device__ __forceinline__ float cap(float x) const { return softcap_at<kValues>(m, x); }
-  __device__ __forceinline__ float grad(float x) const {
-    if constexpr ((kValues & kModSoftcap) == 0) return 1.0f;
-    else return softcap_grad_pre<kLone>(m, x);
   }
 
   // ---- mask.h's interface: the trip count, the tile test, the element test ----

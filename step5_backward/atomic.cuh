@@ -45,15 +45,13 @@
 
 namespace fa::step5 {
 
-// acc += A B^T for one warp, k = the head dim: A = 16 MK rows of a [Bc, D] tile (K or V) from the warp's
-// first, B = 8 NQ rows of a [Bq, D] tile (Q or dO) from its first. Each A fragment serves NQ products and
-// each B fragment MK: the reuse a two-dimensional warp tile buys.
-template <class Tr, int MK, int NQ>
-__device__ __forceinline__ void warp_product_abt(float (&acc)[MK][NQ][4], const Operand<Tr::Bc, Frag::kA, Tr::kXorSteps>& a_op,
-                                                 const Operand<Tr::Bq, Frag::kB, Tr::kXorSteps>& b_op) {
-  using T = typename Tr::T;
+// acc += A B^T for one warp over KSteps k-steps of 16: A = 16 MK rows (a.load(frag, 16 mi, kk)), B = 8 NQ
+// rows (b.load(frag, 16 np, kk), two n8 tiles per load). Each A fragment serves NQ products and each B
+// fragment MK: the reuse a two-dimensional warp tile buys. S^T, dP^T (k = the head dim) and dQ (k = keys).
+template <int KSteps, class T, int MK, int NQ, class AOp, class BOp>
+__device__ __forceinline__ void warp_product(float (&acc)[MK][NQ][4], const AOp& a_op, const BOp& b_op) {
 #pragma unroll
-  for (int kk = 0; kk < Tr::D / 16; ++kk) {
+  for (int kk = 0; kk < KSteps; ++kk) {
     uint32_t a[MK][4];
 #pragma unroll
     for (int mi = 0; mi < MK; ++mi) a_op.load(a[mi], 16 * mi, kk);
@@ -63,12 +61,23 @@ __device__ __forceinline__ void warp_product_abt(float (&acc)[MK][NQ][4], const 
       b_op.load(b, 16 * np, kk);
 #pragma unroll
       for (int mi = 0; mi < MK; ++mi) {
-        ptx::mma_16816<T>(acc[mi][2 * np], a[mi], {b[0], b[1]});
-        ptx::mma_16816<T>(acc[mi][2 * np + 1], a[mi], {b[2], b[3]});
+        step4::mma_two_n8<T>(acc[mi], np, a[mi], b);
       }
     }
   }
 }
+
+// dQ's A operand: dS, read transposed out of the stored dS^T [keys, kPitch] from query q0 on. Matrix
+// m = lane / 8 of a load: keys 16kk + 8 (m / 2), queries q0 + row + 8 (m % 2).
+template <class T, int kPitch>
+struct DsTransposed {
+  uint32_t base;
+  int q0, lane;
+  __device__ __forceinline__ void load(uint32_t (&a)[4], int row, int kk) const {
+    const int key = 16 * kk + (lane & 7) + 8 * (lane >> 4), query = q0 + row + 8 * ((lane >> 3) & 1);
+    ptx::ldmatrix_x4_trans(a, base + uint32_t(key * kPitch + query) * sizeof(T));
+  }
+};
 
 // grid = ceil(Nk / Bc) * Hkv * B, block = 32 * WarpsK * WarpsQ threads, dynamic shared memory AtomicSmem<Tr>::kBytes().
 template <class Tr, bool kDropout, class Mask = step4::CausalMask>
@@ -154,26 +163,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto add_dq = [&](int it) {
     const uint32_t ds_base = ptx::smem_u32(sm.ds[it % Tr::kDsBufs]);
     float acc[kMQ][kNDq][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) {
-      uint32_t a[kMQ][4];
-#pragma unroll
-      for (int mq = 0; mq < kMQ; ++mq) {
-        // Matrix m = lane / 8: keys 16kk + 8 (m / 2), queries 16mq + 8 (m % 2) of the warp's, transposed.
-        const int key = 16 * kk + (lane & 7) + 8 * (lane >> 4), query = qdq0 + 16 * mq + 8 * ((lane >> 3) & 1);
-        ptx::ldmatrix_x4_trans(a[mq], ds_base + uint32_t(key * kPitch + query) * sizeof(T));
-      }
-#pragma unroll
-      for (int np = 0; np < kNDq / 2; ++np) {
-        uint32_t b4[4];
-        k_bt.load(b4, 16 * np, kk);
-#pragma unroll
-        for (int mq = 0; mq < kMQ; ++mq) {
-          ptx::mma_16816<T>(acc[mq][2 * np], a[mq], {b4[0], b4[1]});
-          ptx::mma_16816<T>(acc[mq][2 * np + 1], a[mq], {b4[2], b4[3]});
-        }
-      }
-    }
+    warp_product<Bc / 16, T>(acc, DsTransposed<T, kPitch>{ds_base, qdq0, lane}, k_bt);
     const int q0 = w.q0(it);
     float* dq_rows = bp.dq_accum + ((int64_t(w.b) * p.Hq + w.head(it)) * p.Nq + q0) * D;  // [Bq, D] of head h
 #pragma unroll
@@ -198,7 +188,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // S^T = K Q^T: [kWarpKeys, kWarpQueries] per warp.
     float s[kMK][kNQ][4] = {};
     ring.wait(it);  // Q and dO tiles of iteration it have landed
-    warp_product_abt<Tr>(s, k_a, Operand<Bq, Frag::kB, kXor>(q_base, qry0));
+    warp_product<D / 16, T>(s, k_a, Operand<Bq, Frag::kB, kXor>(q_base, qry0));
 
     float lse2[kNQ][2];  // of this thread's query columns q0 + qry0 + 8nt + 2t + c
     read_lse_d(lse2, it, 0);
@@ -228,7 +218,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // dPd^T = V dO^T: the same product with V and dO.
     float dp[kMK][kNQ][4] = {};
-    warp_product_abt<Tr>(dp, v_a, Operand<Bq, Frag::kB, kXor>(do_base, qry0));
+    warp_product<D / 16, T>(dp, v_a, Operand<Bq, Frag::kB, kXor>(do_base, qry0));
     ring.refill(it, w.n_iter, load_q_do_tiles);  // after this warp's first products: the other warps are likely done with it - 1
 
     // s becomes Pd^T = P^T Z^T and dp becomes dS^T (device.cuh, p_and_ds: times the softcap's derivative, with
@@ -306,14 +296,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         do_bt.load(b4, 16 * np, kk);
 #pragma unroll
         for (int mi = 0; mi < kMKd; ++mi) {
-          ptx::mma_16816<T>(dv[mi][2 * np], pa[mi], {b4[0], b4[1]});
-          ptx::mma_16816<T>(dv[mi][2 * np + 1], pa[mi], {b4[2], b4[3]});
+          step4::mma_two_n8<T>(dv[mi], np, pa[mi], b4);
         }
         q_bt.load(b4, 16 * np, kk);
 #pragma unroll
         for (int mi = 0; mi < kMKd; ++mi) {
-          ptx::mma_16816<T>(dk[mi][2 * np], dsa[mi], {b4[0], b4[1]});
-          ptx::mma_16816<T>(dk[mi][2 * np + 1], dsa[mi], {b4[2], b4[3]});
+          step4::mma_two_n8<T>(dk[mi], np, dsa[mi], b4);
         }
       }
     }

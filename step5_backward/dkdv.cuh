@@ -112,11 +112,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int np = 0; np < kQTiles / 2; ++np) {
         uint32_t qb[4], dob[4];
         load_b<Bq>(qb, q_base, np * 16, kk);
-        ptx::mma_16816<T>(s[2 * np], ka, {qb[0], qb[1]});
-        ptx::mma_16816<T>(s[2 * np + 1], ka, {qb[2], qb[3]});
+        step4::mma_two_n8<T>(s, np, ka, qb);
         load_b<Bq>(dob, do_base, np * 16, kk);
-        ptx::mma_16816<T>(dp[2 * np], va, {dob[0], dob[1]});
-        ptx::mma_16816<T>(dp[2 * np + 1], va, {dob[2], dob[3]});
+        step4::mma_two_n8<T>(dp, np, va, dob);
       }
     }
     ring.refill(it, w.n_iter, load_q_do_tiles);  // after this warp's first products: the other warps are likely done with it - 1
@@ -155,11 +153,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int np = 0; np < kDTiles / 2; ++np) {
         uint32_t b4[4];
         load_b_trans<Bq>(b4, do_base, kk, np * 16);
-        ptx::mma_16816<T>(dv[2 * np], pa, {b4[0], b4[1]});
-        ptx::mma_16816<T>(dv[2 * np + 1], pa, {b4[2], b4[3]});
+        step4::mma_two_n8<T>(dv, np, pa, b4);
         load_b_trans<Bq>(b4, q_base, kk, np * 16);
-        ptx::mma_16816<T>(dk[2 * np], dsa, {b4[0], b4[1]});
-        ptx::mma_16816<T>(dk[2 * np + 1], dsa, {b4[2], b4[3]});
+        step4::mma_two_n8<T>(dk, np, dsa, b4);
       }
     }
     ring.release(it);  // this warp is done with the Q and dO tiles of iteration it

@@ -106,11 +106,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int np = 0; np < kSTiles / 2; ++np) {
         uint32_t kb[4], vb[4];
         load_b<Bc>(kb, k_base, np * 16, kk);
-        ptx::mma_16816<T>(s[2 * np], qa[kk], {kb[0], kb[1]});
-        ptx::mma_16816<T>(s[2 * np + 1], qa[kk], {kb[2], kb[3]});
+        step4::mma_two_n8<T>(s, np, qa[kk], kb);
         load_b<Bc>(vb, v_base, np * 16, kk);
-        ptx::mma_16816<T>(dp[2 * np], doa[kk], {vb[0], vb[1]});
-        ptx::mma_16816<T>(dp[2 * np + 1], doa[kk], {vb[2], vb[3]});
+        step4::mma_two_n8<T>(dp, np, doa[kk], vb);
       }
     ring.refill(n, w.n_tiles, load_k_v);  // after this warp's first products: the other warps are likely done with n - 1
 
@@ -149,8 +147,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int np = 0; np < kDTiles / 2; ++np) {
         uint32_t kb[4];
         load_b_trans<Bc>(kb, k_base, kk, np * 16);
-        ptx::mma_16816<T>(dq[2 * np], dsa, {kb[0], kb[1]});
-        ptx::mma_16816<T>(dq[2 * np + 1], dsa, {kb[2], kb[3]});
+        step4::mma_two_n8<T>(dq, np, dsa, kb);
       }
     }
     ring.release(n);  // this warp is done with K and V tile n
