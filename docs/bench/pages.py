@@ -16,8 +16,7 @@ is everything between the two lines
 
 in the pages of BLOCKS: the README's staircase (one table and the plot), the scoreboard of docs/index.md and
 what it says, and one table per chapter (steps 3 to 7) of its sub-steps. Each block that names the machine does
-so once, in the line under its table, with the file it came from; a stand-in file (canonical_from_sweeps.py)
-says so there. The percentages: of the speed of light, the GPU's dense bf16 tensor-core peak, and of the
+so once, in the line under its table, with the file it came from. The percentages: of the speed of light, the GPU's dense bf16 tensor-core peak, and of the
 mma.sync ceiling measured in the run (docs/conventions.md, "Speed of light"). The tables and the findings need
 only the standard library; --plot needs matplotlib.
 """
@@ -122,7 +121,6 @@ class Run:
         self.gpu = self.data["gpu"]
         self.sol = self.data["sol"]["dense_bf16_tflops"]
         self.ceiling = self.data["sol"]["mma_sync_tflops"]
-        self.stand_in = self.data.get("stand_in")
 
     def get(self, row, d, N, causal):
         """The record of a row at a point of the sweep's shapes, or None."""
@@ -190,27 +188,11 @@ def table(header, rows, right_from):
 
 # ---- the machine, named once per page -----------------------------------------------------------------------------
 
-def runs_of(run):
-    """{run: source} of the records (a stand-in's come from several)."""
-    return {r.get("run"): r.get("source") for r in run.records}
-
-
-def same_run(a, b):
-    return a is not None and b is not None and a.get("run") == b.get("run")
-
-
 def machine(run, page):
     """The one line that names the GPU, the run and the speeds of light."""
     d = run.data
     sol = (f"SoL: the dense bf16 peak, {run.sol:.0f} TFLOP/s; ")
     conv = f"([conventions]({rel(page, 'docs/conventions.md')}#speed-of-light))"
-    if run.stand_in:  # no dates, hashes or run names on the reader's path: the file and the script hold them
-        srcs = [s for s in run.stand_in["sources"] if s.get("records")]
-        without = sorted({r.get("source") for r in run.records if "lead_cycles" not in r})
-        return (f"**Stand-in, not one run:** until the canonical run exists, {link(page, run.path)} gathers {len(srcs)} "
-                f"earlier runs on the {run.gpu} (`canonical_from_sweeps.py` names them): rows from different runs were "
-                f"not timed side by side" + (f", and {len(without)} of them had no timing lead" if without else "")
-                + f". {sol}mma.sync ceiling {run.ceiling:.0f} TFLOP/s, of the run of steps 3 to 5 {conv}.")
     return (f"One run on the {run.gpu} (driver {d.get('driver') or '?'}, CUDA {d.get('cuda') or '?'}, PyTorch "
             f"{d.get('torch') or '—'}; the build and the date are in the file): "
             f"{link(page, run.path)}. {sol}the run's mma.sync ceiling: {run.ceiling:.0f} TFLOP/s {conv}.")
@@ -218,8 +200,7 @@ def machine(run, page):
 
 def shapes_line(run, cells="TFLOP/s (% of SoL)"):
     """What the numbers are: the cells, the shapes, the timing."""
-    alike = "" if run.stand_in else ", stages and peers timed alike"
-    return f"{cells}; bf16, B·N = 16384, Hq·d = 2048{alike}; — : not run."
+    return f"{cells}; bf16, B·N = 16384, Hq·d = 2048, stages and peers timed alike; — : not run."
 
 
 # ---- the rows of the course, in its order ----------------------------------------------------------------------
@@ -338,10 +319,9 @@ def block_findings(run, page):
     s7, s7a = get("7"), get(sub(canonical.STEP7_SUBSTEPS[0]))
     cudnn = run.get(Row("peer", "", CUDNN, None), *KEY)
     if s7 and cudnn:
-        when = "timed in the same run" if same_run(s7, cudnn) else "timed in another run (the stand-in's)"
         text = (f"Step 7's default reaches {pct(s7['tflops'], run.sol)} of the speed of light "
                 f"({pct(s7['tflops'], GOAL_FRACTION * run.sol)} of the goal), {ahead(s7['tflops'], cudnn['tflops'])} "
-                f"cuDNN {when} at this point ({link(page, 'step7_hopper_wgmma/README.md', 'the chapter')} compares them)")
+                f"cuDNN timed in the same run at this point ({link(page, 'step7_hopper_wgmma/README.md', 'the chapter')} compares them)")
         if s7a and s4 and s7a["tflops"] - s4["tflops"] > s7["tflops"] - s7a["tflops"]:
             text += (f"; most of its gain over step {sub(canonical.STEP4_SUBSTEPS[-1])} comes from its first sub-step "
                      f"alone, `wgmma` in place of `mma.sync` ({sub(canonical.STEP7_SUBSTEPS[0])})")
@@ -367,14 +347,13 @@ def block_step3(run, page):
                 for p in ratios:
                     q = run.get(Row("peer", "", p, None), d, n, causal)
                     if r and q:
-                        ratios[p].append((q["tflops"] / r["tflops"], q["tflops"], same_run(q, r)))
+                        ratios[p].append((q["tflops"] / r["tflops"], q["tflops"]))
             rows.append([f"d = {d}, {'causal' if causal else 'no mask'}"] + cells)
     head = ["step 3, forward"] + [f"N = {seq(n)} (B = {16384 // n})" for n in cols]
     lines = table(head, rows, 1) + ["", shapes_line(run, "Time, TFLOP/s (% of SoL); H = 2048 / d")]
     if ratios[FLASH]:
         f, c = ratios[FLASH], ratios[CUDNN]
-        same = all(x[2] for x in f + c)
-        lines.append(f"PyTorch's SDPA {'in the same run' if same else 'in the stand-in'} at these points: its flash "
+        lines.append(f"PyTorch's SDPA in the same run at these points: its flash "
                      f"backend {min(x[0] for x in f):.0f} to {max(x[0] for x in f):.0f} times faster than step 3 "
                      f"({min(x[1] for x in f):.0f} to {max(x[1] for x in f):.0f} TFLOP/s), its cuDNN backend "
                      f"{min(x[0] for x in c):.0f} to {max(x[0] for x in c):.0f} times.")
@@ -551,8 +530,8 @@ def plot(run, out):
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].set_ylim(0, top)
     axes[0].set_ylabel("TFLOP/s (labels: % of the speed of light)")
-    where = "stand-in: several runs" if run.stand_in else f"one run, {run.data['date'][:10]}"
-    fig.suptitle(f"The staircase: every stage at {col(*KEY)}, bf16, no mask; {run.gpu} ({where})", fontsize=10)
+    fig.suptitle(f"The staircase: every stage at {col(*KEY)}, bf16, no mask; {run.gpu} (one run, {run.data['date'][:10]})",
+                 fontsize=10)
     fig.text(0.01, 0.01, "Steps 3-6 and SDPA flash use mma.sync (bounded by the red line); step 7 and cuDNN use wgmma "
              f"(bounded by the speed of light). Drawn by docs/bench/pages.py from {run.path}.", fontsize=7)
     fig.subplots_adjust(left=0.07, right=0.99, top=0.9, bottom=0.14, wspace=0.03)

@@ -15,7 +15,7 @@ sibling"). The pages, in three kinds:
   history   the optimisation histories, docs/history/*.md.
 The course's code cites a file too where it names it by its path from the root ("docs/results/NAME" in
 a source, script or CMake file outside docs/results): a comment that sends the reader there, or a tool
-that reads it (canonical_from_sweeps.py's inputs, the stand-in of the canonical run).
+that reads it.
 
 Which files stay (the rest leave the tree: git keeps them, and a history or record that names one says how
 to print it). A file stays when
