@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FlashAttention, step by step — set up, build and run: ./run.sh tour | test | build | help.
+# FlashAttention, step by step — set up, build and run: ./run.sh tour | test | plots | build | help.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -25,11 +25,15 @@ usage: ./run.sh COMMAND [ARGS]
                  (FLAGS go to the tour, e.g. --seq 2048; ./run.sh tour --help lists them)
   test [ARGS]    build, then run the GoogleTest suite through ctest (ARGS go to ctest, e.g. -R Step1);
                  without a usable GPU the GPU tests are left out (--with-gpu-tests runs them, each skipped)
+  plots [FLAGS]  build, time the stages and PyTorch's SDPA on this GPU (about 2 min on an H100, --full 4.5),
+                 and draw the staircase and the plots over N beside the committed H100 run, into plots/<gpu>/;
+                 --dry-run lists the points and the time without a GPU (./run.sh plots --help lists the flags)
   build          only install the missing Debian packages, configure and build
   help           this text
 
 Environment:
   BUILD_DIR       the build folder (default: build)
+  PYTHON          the Python that runs plots' sweep, and times the PyTorch peers (default: python3)
   CMAKE_ARGS      extra configure flags: -DFA_WITH_CUDA=OFF builds the CPU stages only (a first build on
                   2 cores: $BUILD_TIME_CPU_ONLY; with the GPU stages: $BUILD_TIME_WITH_GPU);
                   -DCMAKE_CUDA_ARCHITECTURES=90 the GPU stages for an H100 or H200, =120 for an
@@ -168,10 +172,29 @@ run_tests() {
   return $rc
 }
 
+# ./run.sh plots: docs/bench/own_plots.py does the work. Its help and dry run need no build and no GPU; its
+# arguments are checked before the build, and a machine without a GPU that can run the stages is told so
+# before the build too, not ten minutes later.
+plots() {
+  local py=${PYTHON:-python3} a why
+  for a in "$@"; do
+    case $a in -h | --help | --dry-run | --replot | --replot=*) exec "$py" docs/bench/own_plots.py --build "$BUILD_DIR" "$@" ;; esac
+  done
+  "$py" docs/bench/own_plots.py --build "$BUILD_DIR" --check-args "$@"  # exit 2 on a bad argument
+  why=$(why_no_gpu)
+  if [ -n "$why" ]; then
+    echo "run.sh plots: $why, and the plots time the GPU stages (./run.sh plots --dry-run lists what it would run)" >&2
+    exit 2
+  fi
+  build
+  exec "$py" docs/bench/own_plots.py --build "$BUILD_DIR" "$@"
+}
+
 COMMAND=${1:-}  # named in the no-GPU hint, so that its command line can be copied as it is
 case "${1:-}" in
   tour)  shift; build; "$BUILD_DIR/flashattention_tour" "$@" ;;
   test)  shift; build; run_tests "$@" ;;
+  plots) shift; plots "$@" ;;
   build) build ;;
   help | -h | --help) usage ;;
   "") usage; exit 2 ;;

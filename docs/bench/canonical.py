@@ -358,13 +358,20 @@ def default_out(slug):
 
 def dry_run(a, jobs, groups):
     ref_path = a.estimate_from or a.out or default_out(a.gpu_slug or "h100")
-    ref = reference_records(ref_path)
     build = os.path.abspath(a.build)
     out = a.out or (default_out(a.gpu_slug) if a.gpu_slug else "docs/results/canonical-<gpu>.json")
     print(f"canonical run: {len(jobs)} points with the build {a.build}, into {shown(out) if os.path.isabs(out) else out}")
     missing = sorted({j["name"] for j in jobs if j["kind"] == "stage" and not os.path.exists(sweep.stage_exe(build, j["name"]))})
     if missing:
         print(f"  (not in this build, so the run would stop: {', '.join(missing)})")
+    print_plan(jobs, groups, ref_path, a.build)
+    return 0
+
+
+def print_plan(jobs, groups, ref_path, build):
+    """The dry run's listing: the fixed costs, then every point with its expected time and its command, then the
+    total by group and where the times came from (ref_path, a canonical run). Returns the total in seconds."""
+    ref = reference_records(ref_path)
     total, by_group, guessed = start_s(groups), {}, 0
     print(f"  before the points: the GPU check, step 7's probe, mma_peak, PyTorch{' and the copy roof' if 'decode' in groups else ''}"
           f": ~{start_s(groups):.0f} s")
@@ -373,11 +380,28 @@ def dry_run(a, jobs, groups):
         total += sec
         by_group[j["group"]] = by_group.get(j["group"], 0.0) + sec
         guessed += not known
-        print(f"  [{i:3d}/{len(jobs)}] {j['group']:8s} {describe(j):62s} ~{sec:5.1f} s{'' if known else '*'}  {command(j, a.build)}")
+        print(f"  [{i:3d}/{len(jobs)}] {j['group']:8s} {describe(j):62s} ~{sec:5.1f} s{'' if known else '*'}  {command(j, build)}")
     src = shown(ref_path) if ref else "none"
     print(f"estimate: {minutes(total)} of GPU time (" + ", ".join(f"{g} {minutes(t)}" for g, t in by_group.items())
           + f"); kernel times from {src}" + (f", {guessed} points (*) from guessed TFLOP/s" if guessed else ""))
-    return 0
+    return total
+
+
+def run_points(jobs, plan_s, build, tp, before, lead, timeout, label):
+    """Runs the points in order, each printed as it ends (sweep.py's progress line), with its wall time against
+    the plan's and the time left: the rest of the plan (plan_s, from estimate()), scaled by how the run has gone
+    so far. label: the group's prefix of each line. Returns (records, the first harness record, seconds)."""
+    t0, recs, harness, tmp = time.monotonic(), [], {}, tempfile.mkdtemp(prefix="fa-canonical-")
+    for i, j in enumerate(jobs, 1):
+        new, rec = run_job(j, build, tp, before, lead, timeout, seed=i, tmp=tmp)
+        harness = harness or rec or {}
+        recs += new
+        done = time.monotonic() - t0
+        left = sum(plan_s[i:]) * (done / max(sum(plan_s[:i]), 1e-3))  # the plan, scaled by how it went so far
+        sweep.progress(i, len(jobs), f"{label(j)}: {describe(j)}", new)
+        print(f"        {new[0]['wall_s']:.1f} s (planned {plan_s[i - 1]:.1f}); {minutes(done)} so far, "
+              f"about {minutes(left)} left", flush=True)
+    return recs, harness, time.monotonic() - t0
 
 
 def main(argv=None, prog="canonical.py"):
@@ -440,16 +464,7 @@ def main(argv=None, prog="canonical.py"):
     plan_s = [estimate(j, ref)[0] for j in jobs]
     print(f"canonical: {len(jobs)} points on the {gpu}, about {minutes(start_s(groups) + sum(plan_s))} in all; "
           f"into {shown(out)}", flush=True)
-    t0, recs, harness, tmp = time.monotonic(), [], {}, tempfile.mkdtemp(prefix="fa-canonical-")
-    for i, j in enumerate(jobs, 1):
-        new, rec = run_job(j, build, tp, before, a.lead_cycles, a.timeout, seed=i, tmp=tmp)
-        harness = harness or rec or {}
-        recs += new
-        done = time.monotonic() - t0
-        left = sum(plan_s[i:]) * (done / max(sum(plan_s[:i]), 1e-3))  # the plan, scaled by how it went so far
-        sweep.progress(i, len(jobs), f"{j['group']}: {describe(j)}", new)
-        print(f"        {new[0]['wall_s']:.1f} s (planned {plan_s[i - 1]:.1f}); {minutes(done)} so far, "
-              f"about {minutes(left)} left", flush=True)
+    recs, harness, elapsed = run_points(jobs, plan_s, build, tp, before, a.lead_cycles, a.timeout, lambda j: j["group"])
 
     now = datetime.datetime.now(datetime.timezone.utc)
     result = dict(
@@ -467,7 +482,7 @@ def main(argv=None, prog="canonical.py"):
         plan=dict(groups=groups, fwd_seqs=FWD_SEQS, mods=[f for f, _ in MODS], mods_point=MODS_POINT, decode=DECODE,
                   step4_substeps=STEP4_SUBSTEPS, step4_split_kv=STEP4_SPLIT_KV, step4_mods=STEP4_MODS,
                   step5=STEP5_VARIANTS, step6=STEP6_VARIANT, step7=STEP7_SUBSTEPS + [STEP7_DEFAULT], peers=PEERS),
-        left_out=left_out, elapsed_s=round(time.monotonic() - t0, 1), stand_in=None, records=recs)
+        left_out=left_out, elapsed_s=round(elapsed, 1), records=recs)
     if old:
         mine = {record_key(r) for r in recs}
         result["records"] = [r for r in old["records"] if record_key(r) not in mine] + recs
@@ -480,7 +495,7 @@ def main(argv=None, prog="canonical.py"):
     write_json(out, result)
     failed = [r for r in result["records"] if r.get("error")]
     print(f"wrote {shown(out)}: {len(result['records'])} records, {len(failed)} failed; "
-          f"{minutes(time.monotonic() - t0)} of points. Next: /usr/bin/python3 docs/bench/pages.py --write --plot")
+          f"{minutes(elapsed)} of points. Next: /usr/bin/python3 docs/bench/pages.py --write --plot")
     for r in failed:
         print(f"  failed: {r['name']} {r['variant']} {r.get('stage_flags', '')} d={r['d']} N={r['N']} "
               f"{r['mode']}: {r['error']}")

@@ -109,17 +109,18 @@ class Row:
 class Run:
     """The canonical file of one GPU kind: its facts and its records."""
 
-    def __init__(self, gpu):
-        self.path = f"docs/results/canonical-{gpu}.json"
+    def __init__(self, gpu, path=None):
+        """path: another file of the same format (a run of `./run.sh plots`, docs/bench/own_plots.py) instead."""
+        self.path = path or f"docs/results/canonical-{gpu}.json"
         full = os.path.join(ROOT, self.path)
-        if not os.path.isfile(full):
+        if path is None and not os.path.isfile(full):
             sys.exit(f"pages.py: {self.path} does not exist: run `python3 docs/bench/sweep.py --canonical --build build` "
                      "on that GPU (docs/reproduce.md), or name another kind with --gpu")
         with open(full) as f:
             self.data = json.load(f)
         self.records = self.data["records"]
         self.gpu = self.data["gpu"]
-        self.sol = self.data["sol"]["dense_bf16_tflops"]
+        self.sol = self.data["sol"]["dense_bf16_tflops"]   # None in a run on a GPU DENSE_BF16_PEAKS does not know
         self.ceiling = self.data["sol"]["mma_sync_tflops"]
 
     def get(self, row, d, N, causal):
@@ -487,7 +488,10 @@ def words(text):
     return total, len(" ".join(p for p in prose if p).split())
 
 
-def plot(run, out):
+def plot(run, out, ref=None):
+    """The staircase of run at KEY. ref: another run (the committed canonical one, beside a run of `./run.sh
+    plots`), drawn as a dashed outline of each bar at its level; run's bars are then narrower, and a run on a
+    GPU whose speed of light is unknown (run.sol None) draws no speed-of-light or goal line."""
     try:
         import matplotlib
     except ImportError:
@@ -500,7 +504,11 @@ def plot(run, out):
     fwd = [row for row in course_rows() if row.mode == "fwd"]
     bwd = [row for row in course_rows() if row.mode == "bwd"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True, gridspec_kw=dict(width_ratios=[len(fwd), len(bwd) + 1]))
-    top = max(run.sol * 1.12, 100)
+    if run.sol:
+        top = max(run.sol * 1.12, 100)
+    else:  # no speed of light to scale to: the tallest bar or line
+        highest = [r["tflops"] for x in (run, ref) if x for r in x.records if r.get("tflops") and "Nq" not in r]
+        top = max(max(highest + [run.ceiling or 0]) * 1.18, 100)
     for ax, rows, title in ((axes[0], fwd, "forward"), (axes[1], bwd, "backward")):
         for i, row in enumerate(rows):
             r = run.get(row, *KEY)
@@ -508,32 +516,43 @@ def plot(run, out):
             color = palette.PEERS[row.name][1] if peer else \
                 palette.VARIANT_LINES.get(row.variant, {}).get("color", palette.stage_color(row.name))
             style = dict(color="white", edgecolor=color, hatch="//", linewidth=1.0) if peer else dict(color=color)
+            was = ref.get(row, *KEY) if ref else None
+            if was is not None:  # the reference's level: a dashed outline, above the bar so that it shows
+                ax.bar(i, was["tflops"], width=0.8, fill=False, edgecolor="dimgray", linestyle="--", linewidth=0.8,
+                       zorder=3)
             if r is None:
                 ax.text(i, 8, "not\nrun", ha="center", va="bottom", fontsize=7, color="gray")
                 continue
-            ax.bar(i, r["tflops"], width=0.72, **style)
-            ax.text(i, r["tflops"] + top * 0.01, f"{r['tflops']:.0f}\n{pct(r['tflops'], run.sol)}", ha="center",
+            ax.bar(i, r["tflops"], width=0.5 if ref else 0.72, **style)
+            label = f"{r['tflops']:.0f}\n{pct(r['tflops'], run.sol)}" if run.sol else f"{r['tflops']:.0f}"
+            ax.text(i, max(r["tflops"], was["tflops"] if was else 0) + top * 0.01, label, ha="center",
                     va="bottom", fontsize=6.5, linespacing=1.0)
         labels = [("SDPA\nflash" if row.name == FLASH else "SDPA\ncuDNN") if row.label == "peer" else
                   (f"5\n{row.variant[:6]}" if row.name == S5 else row.label) for row in rows]
         ax.set_xticks(range(len(rows)), labels, fontsize=8)
         ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_title(title, fontsize=9)
-        for y, st, text in ((run.sol, dict(color="black", linestyle=":"), f"speed of light {run.sol:.0f}"),
-                            (GOAL_FRACTION * run.sol, dict(color="dimgray", linestyle="-."),
-                             f"goal {GOAL_FRACTION * run.sol:.0f}"),
-                            (run.ceiling, dict(color=palette.CEILING_COLOR, linestyle="--"),
-                             f"mma.sync ceiling {run.ceiling:.0f}")):
+        lines = [(run.sol, dict(color="black", linestyle=":"), f"speed of light {run.sol:.0f}"),
+                 (GOAL_FRACTION * run.sol, dict(color="dimgray", linestyle="-."), f"goal {GOAL_FRACTION * run.sol:.0f}")] \
+            if run.sol else []
+        if run.ceiling:
+            lines.append((run.ceiling, dict(color=palette.CEILING_COLOR, linestyle="--"), f"mma.sync ceiling {run.ceiling:.0f}"))
+        for y, st, text in lines:
             ax.axhline(y, linewidth=1.0, **st)
             if ax is axes[0]:
                 ax.text(-0.5, y + top * 0.006, text, fontsize=7, color=st["color"], va="bottom")
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].set_ylim(0, top)
-    axes[0].set_ylabel("TFLOP/s (labels: % of the speed of light)")
+    axes[0].set_ylabel("TFLOP/s (labels: % of the speed of light)" if run.sol else "TFLOP/s")
     fig.suptitle(f"The staircase: every stage at {col(*KEY)}, bf16, no mask; {run.gpu} (one run, {run.data['date'][:10]})",
                  fontsize=10)
-    fig.text(0.01, 0.01, "Steps 3-6 and SDPA flash use mma.sync (bounded by the red line); step 7 and cuDNN use wgmma "
-             f"(bounded by the speed of light). Drawn by docs/bench/pages.py from {run.path}.", fontsize=7)
+    note = ("Steps 3-6 and SDPA flash use mma.sync (bounded by the red line); step 7 and cuDNN use wgmma "
+            "(bounded by the speed of light). ")
+    if ref:
+        note = (f"Bars: this run. Dashed outlines: the {ref.gpu}, {ref.path} ({ref.data['date'][:10]})."
+                + ("" if run.sol else " No speed-of-light line: this GPU's dense bf16 peak is not in canonical.py.")
+                + "\n" + note)
+    fig.text(0.01, 0.01, note + f"Drawn by docs/bench/pages.py from {run.path}.", fontsize=7)
     fig.subplots_adjust(left=0.07, right=0.99, top=0.9, bottom=0.14, wspace=0.03)
     fig.savefig(out, dpi=90)
     plt.close(fig)

@@ -245,7 +245,10 @@ def use_log_scale(info):
     return bool(values) and max(values) > 10 * min(values)
 
 
-def plot(data, mode, path):
+def plot(data, mode, path, ref=None, ref_what=None):
+    """One figure of data's mode. ref: another run of the same shapes (the committed canonical run, beside a run
+    of `./run.sh plots`): each series of data that ref has too is drawn again from ref, faint and dotted, and
+    ref_what says in the legend what they are."""
     try:
         import matplotlib
     except ImportError:
@@ -261,18 +264,25 @@ def plot(data, mode, path):
     seqs = sorted({r["N"] for r in data["records"]})
     peak = data.get("mma_peak_tflops")  # the ceiling measured in the run this file records: one per figure
     info = series_info(data, mode)
-    log = use_log_scale(info)
+    ref_info = {}
+    if ref:  # ref's series that data has, under data's labels (a label depends on the variants a file has)
+        of_ref = {(s["kind"], s["name"], s["variant"]): s for s in series_info(ref, mode).values()}
+        ref_info = {lab: of_ref[(s["kind"], s["name"], s["variant"])] for lab, s in info.items()
+                    if (s["kind"], s["name"], s["variant"]) in of_ref}
+    log = use_log_scale(info) if not ref_info else use_log_scale({**{("ref", k): v for k, v in ref_info.items()}, **info})
     labels = {lab: legend_entry(s, mode)[0] or lab for lab, s in info.items()}
     styles = figure_styles(info, mode)
-    values = tflops_values(info) + ([peak] if peak else [])
+    values = tflops_values(info) + tflops_values(ref_info) + ([peak] if peak else [])
     ceiling_label = f"mma.sync bf16 ceiling, measured in this run: {peak:.0f} TFLOP/s" if peak else None
     # Under the legend: what to know when reading the lines, then one line per run; every line wrapped to
     # the figure's width (fontsize 8: about 5.1 points a character at most), so that none is cut at the right.
     width = 6.2 * len(causals)
     notes = (above_ceiling(info, labels, peak) if peak else []) + coinciding(info, labels)
     text = notes + ["Runs, all on " + data["gpu"] + ":"] + run_lines(info, labels, seqs, ds)
+    if ref_info:
+        text.append(f"Faint dotted lines: {ref_what or 'another run'}, on the {ref['gpu']} ({ref['date']}).")
     lines = [w for t in text for w in textwrap.wrap(t, int(width * 72 / 5.1), subsequent_indent="    ")]
-    n_names = len(info) + (1 if peak else 0)
+    n_names = len(info) + (1 if peak else 0) + (1 if ref_info else 0)
     ncol = min(3, n_names)
     legend_rows = (n_names + ncol - 1) // ncol
     line_in, leg_in = 8 * 1.45 / 72, 9 * 2.0 / 72  # inches: one line of the notes, one row of the legend
@@ -286,6 +296,11 @@ def plot(data, mode, path):
             xs = [n for n in sorted(pts) if pts[n]]
             style = dict(linewidth=1.6, markersize=5, zorder=3 - i / len(info))  # the first series on top
             ax.plot(xs, [pts[n] for n in xs], label=labels[lab], **dict(style, **styles[lab]))
+            was = ref_info.get(lab, {}).get("points", {}).get((d, causal), {})
+            xs = [n for n in sorted(was) if was[n]]
+            if xs:
+                ax.plot(xs, [was[n] for n in xs], label="_nolegend_", **dict(
+                    styles[lab], linestyle=":", linewidth=1.0, markersize=3.5, alpha=0.45, zorder=2 - i / len(info)))
     for row, d in enumerate(ds):
         for col, causal in enumerate(causals):
             ax = axes[row][col]
@@ -310,6 +325,9 @@ def plot(data, mode, path):
             if row == len(ds) - 1:
                 ax.set_xlabel(f"sequence length N (B*N = {data['tokens']}, Hq*d = {data['width']})")
             ax.set_ylabel("TFLOP/s, log scale" if log else "TFLOP/s")
+    if ref_info:  # one legend entry for every faint line
+        axes[0][0].plot([], [], color="dimgray", linestyle=":", marker="o", markersize=3.5, linewidth=1.0, alpha=0.6,
+                        label=f"faint, dotted: the {ref['gpu']}, for comparison")
     handles, names = [], []
     for ax in axes.flat:  # a series may be missing from a panel: collect every label once
         for h, l in zip(*ax.get_legend_handles_labels()):
