@@ -103,7 +103,8 @@ struct ScoreMods {
   // Score s (raw units) of row r, key j -> the modified score in raw units, or -inf where masked.
   __device__ __forceinline__ float operator()(float s, const ModRow& r, int j) const {
     if (!visible(r, j)) return -INFINITY;
-    return cap(shifted(s, r, j));
+    if constexpr (kValues == 0) return s;  // the mask alone
+    else return cap(shifted(s, r, j));
   }
 
   // operator() in two halves, for a backward that needs the softcap's derivative: pre() adds the bias and
