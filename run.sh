@@ -65,7 +65,7 @@ ensure_packages() {
 }
 
 # Why no GPU here can run the GPU stages; nothing where one can. Before a build there is no tour to ask
-# (run_tests asks it), so nvidia-smi answers, by the rule of gpu/platform.cpp: an sm_9x or sm_12x GPU.
+# (run_tests asks it), so nvidia-smi answers, by the rule of gpu/platform.cpp: a GPU of sm_80 or later.
 why_no_gpu() {
   local gpus
   gpus=$(nvidia-smi -L 2>/dev/null) || gpus=""  # captured, not piped: grep -q would cut nvidia-smi short
@@ -75,7 +75,7 @@ why_no_gpu() {
   fi
   local caps
   caps=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null) || return 0  # an old driver: trust it
-  grep -qE '^ *(9|12)\.' <<<"$caps" || echo "no sm_90 or sm_120 GPU here (compute capability $(echo $caps))"
+  grep -qE '^ *([89]|1[0-9])\.' <<<"$caps" || echo "no GPU of sm_80 or later here (compute capability $(echo $caps))"
 }
 
 # CMake's standard output is hidden: its notices and warnings, and the compilers' messages, are what is

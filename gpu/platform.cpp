@@ -26,14 +26,15 @@ std::string cuda_device_problem() {
     return "the NVIDIA driver (CUDA " + cuda_version(driver) + ") is older than this CUDA toolkit needs (CUDA " +
            cuda_version(runtime) + "): update the driver";
   if (e != cudaSuccess) return std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")";
-  // The kernels are compiled for sm_90 and sm_120; a binary for sm_X0 also runs on sm_X1, sm_X2, ...
+  // The stages' kernels need mma.sync on bf16, ldmatrix and cp.async: sm_80 and later. Which of them run on
+  // an sm_8x part (no TMA) each stage says itself (TmaPlatform below; step 4's variants).
   int dev = 0, major = 0, minor = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 && major != 12)
+  if (major < 8)
     return "GPU " + gpu_name() + " (sm_" + std::to_string(major) + std::to_string(minor) +
-           ") is neither sm_90 nor sm_120, which these kernels are built for";
+           ") is older than sm_80, which the GPU stages need (mma.sync on bf16, cp.async)";
   return "";
 }
 
@@ -60,6 +61,26 @@ class CudaPlatform final : public Platform {
 
 const Platform& cuda_platform() {
   static const CudaPlatform platform;
+  return platform;
+}
+
+std::string NarrowedPlatform::unavailable_reason() const {
+  if (std::string why = cuda_platform().unavailable_reason(); !why.empty()) return why;
+  const int major = cuda_platform().compute_capability_major();
+  if (major < min_major_ || (max_major_ > 0 && major > max_major_))
+    return std::string(needs_) + "; " + cuda_platform().device_name() + " is sm_" + std::to_string(major) + "x";
+  return "";
+}
+std::string NarrowedPlatform::device_name() const { return cuda_platform().device_name(); }
+std::string NarrowedPlatform::runtime_version() const { return cuda_platform().runtime_version(); }
+int NarrowedPlatform::compute_capability_major() const { return cuda_platform().compute_capability_major(); }
+double NarrowedPlatform::time_ms(const std::function<void()>& work, bool cold_l2) const {
+  return cuda_platform().time_ms(work, cold_l2);
+}
+
+const Platform& tma_platform() {
+  static const NarrowedPlatform platform(9, 0, "this stage loads its tiles with TMA and mbarrier transaction counts "
+                                               "(sm_90 and later: an H100, H200, B200 or RTX 50-series card)");
   return platform;
 }
 

@@ -3,12 +3,23 @@
 // follows and saying in scalar terms what it does. Only instructions that sm_90 (H100) and sm_120
 // (RTX 50-series) both have: mma.sync, ldmatrix, cp.async, cp.async.bulk.tensor (TMA), mbarrier,
 // named barriers and griddepcontrol. No wgmma (step 7 has its own, step7_hopper_wgmma/wgmma.cuh).
+// Compiled for sm_80-89 (A100, RTX 30/40, L4: mma.sync, ldmatrix and cp.async, but no TMA, stmatrix,
+// mbarrier transaction counts or griddepcontrol), the wrappers of those sm_90 instructions become a trap
+// (FA_SM90_OR_TRAP): a kernel that uses them still compiles, and the host never launches it there
+// (gpu/platform.h, tma_platform; step 4's sm_8x variants run 4a-4c only).
 #pragma once
 #include <cuda/ptx>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+
+// The body of a wrapper of an sm_90 instruction: itself on the host pass and on sm_90 and later, a trap below.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FA_SM90_OR_TRAP(...) __trap()
+#else
+#define FA_SM90_OR_TRAP(...) __VA_ARGS__
+#endif
 
 namespace fa::ptx {
 
@@ -73,10 +84,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t sme
 // thread `lane` contributes, in r[k], elements (lane / 4, 2 * (lane % 4) .. +1) of matrix k, the layout of
 // an mma C fragment packed to 16 bits. One instruction stores what four 32-bit stores per n8 tile would.
 __device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, const uint32_t (&r)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n"
-               :
-               : "r"(smem_addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-               : "memory");
+  FA_SM90_OR_TRAP(asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n"
+                               :
+                               : "r"(smem_addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                               : "memory"));
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -115,18 +126,17 @@ __device__ __forceinline__ float exp2_approx(float x) {
 // phase with that parity has completed.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) { cuda::ptx::mbarrier_init(bar, count); }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
-                                       bytes);
+  FA_SM90_OR_TRAP(cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                                       cuda::ptx::space_shared, bar, bytes));
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) { cuda::ptx::mbarrier_arrive(bar); }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
-  }
+  FA_SM90_OR_TRAP(while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)){});
 }
 // PTX ISA, "membar / fence" (fence.mbarrier_init.release.cluster): makes the initialised barriers
 // visible to the async proxy (TMA).
 __device__ __forceinline__ void fence_barrier_init() {
-  cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  FA_SM90_OR_TRAP(cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster));
 }
 
 // ---- TMA: bulk tensor copies ---------------------------------------------------------------------
@@ -134,30 +144,31 @@ __device__ __forceinline__ void fence_barrier_init() {
 // (a __grid_constant__ kernel parameter) into the cache TMA reads it from, so that the first copy that names
 // it does not wait for the descriptor's fetch.
 __device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+  FA_SM90_OR_TRAP(asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory"));
 }
 // PTX ISA, "Data movement and conversion instructions: cp.async.bulk.tensor" (global -> shared::cluster,
 // tile mode, 3-D, mbarrier::complete_tx::bytes).
 // Scalar meaning: copy the box of the tensor map starting at coordinates {x, y, z} (x innermost) into
 // shared memory at `dst`, zero-filling what lies outside the tensor, then signal `bar` with the bytes.
 __device__ __forceinline__ void tma_load_3d(void* dst, const void* tmap, int x, int y, int z, uint64_t* bar) {
-  const int32_t coords[3] = {x, y, z};
-  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, tmap, coords, bar);
+  FA_SM90_OR_TRAP(const int32_t coords[3] = {x, y, z};
+                  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, tmap, coords, bar));
 }
 // The other direction (shared::cta -> global, bulk_group completion): rows outside the tensor are skipped.
 __device__ __forceinline__ void tma_store_3d(const void* tmap, int x, int y, int z, const void* src) {
-  const int32_t coords[3] = {x, y, z};
-  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, tmap, coords, src);
+  FA_SM90_OR_TRAP(const int32_t coords[3] = {x, y, z};
+                  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, tmap, coords, src));
 }
 // PTX ISA, "cp.async.bulk.commit_group" and "cp.async.bulk.wait_group" (.read): wait until the stores
 // issued so far have finished reading shared memory (so it may be reused or the block may exit).
 __device__ __forceinline__ void tma_store_commit_and_wait() {
-  cuda::ptx::cp_async_bulk_commit_group();
-  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+  FA_SM90_OR_TRAP(cuda::ptx::cp_async_bulk_commit_group(); cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{}));
 }
 // PTX ISA, "membar / fence" (fence.proxy.async.shared::cta): orders this thread's ordinary
 // shared-memory writes before later reads of the same memory by the async proxy (a TMA store).
-__device__ __forceinline__ void fence_async_shared() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
+__device__ __forceinline__ void fence_async_shared() {
+  FA_SM90_OR_TRAP(cuda::ptx::fence_proxy_async(cuda::ptx::space_shared));
+}
 
 // ---- named barriers ------------------------------------------------------------------------------
 // PTX ISA, "Parallel synchronization and communication instructions: bar, barrier": barrier kId (1-15; 0 is
@@ -189,7 +200,9 @@ __device__ __forceinline__ void named_barrier_arrive_at(int id) {
 // before it on the stream still runs: its blocks are scheduled once every block of the earlier grid has
 // executed launch_dependents (or exited), and its wait_for_prerequisites blocks until the earlier grid has
 // completed and its memory writes are visible. Without the attribute both are no-ops.
-__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-__device__ __forceinline__ void wait_for_prerequisites() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() {
+  FA_SM90_OR_TRAP(asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"));
+}
+__device__ __forceinline__ void wait_for_prerequisites() { FA_SM90_OR_TRAP(asm volatile("griddepcontrol.wait;\n" ::: "memory")); }
 
 }  // namespace fa::ptx

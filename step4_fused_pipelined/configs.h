@@ -48,6 +48,11 @@ struct Configs {
   using Decode = Fwd<kDecode>;
   static_assert(kFwdSmemBytes<Decode> <= kSm120SmemBytes, "the decoding kernel must fit sm_120's 99 KB too");
   static constexpr FwdTiles k64{.Br = 64, .Bc = 64}, k128{.Br = 128, .Bc = 128};
+  // sm_80-89 (A100, RTX 30/40, L4, A10: cp.async but no TMA): 4c's kernel at the 64 x 64 tiles, which every
+  // part of the family holds (99 KB per block on sm_86/89; sm_80's 163 KB would hold more, not chosen yet).
+  static constexpr FwdTiles kSm80 = substep(k64, Substep::k4c);
+  using Sm80 = Fwd<kSm80>;
+  static_assert(kFwdSmemBytes<Sm80> <= kSm120SmemBytes, "the sm_8x default must fit sm_86/89's 99 KB per block");
   static_assert((kSm90.Br == k64.Br || kSm90.Br == k128.Br) && kSm120.Br == k64.Br,
                 "the sub-steps are compiled at 64 x 64 and 128 x 128 tiles: the defaults' tiles");
   // Every configuration --variant can name: tile sizes, warps, pipeline depth, the swizzle ablation, and

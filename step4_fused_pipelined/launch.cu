@@ -1,8 +1,9 @@
 // FlashAttention, step by step — step 4: configurations and launch (step4_fused_pipelined/launch.cu)
 //
-// Variants: "auto" picks the default of the device's architecture (configs.h); "sm90" and "sm120" force
-// one, so the sm_120 default runs on the H100 too; "4a-padded" .. "4d-tma" are the chapter's sub-steps at
-// the tiles of the device's default (4d is the default); every configuration of configs.h is a variant by name.
+// Variants: "auto" picks the default of the device's architecture (configs.h); "sm90", "sm120" and "sm80"
+// force one, so the sm_120 and sm_8x defaults run on the H100 too; "4a-padded" .. "4d-tma" are the chapter's
+// sub-steps at the tiles of the device's default (4d is the default); every configuration of configs.h is a
+// variant by name. On sm_8x (no TMA) a variant that resolves to a TMA kernel is refused with the reason.
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -44,8 +45,10 @@ bool decodes(const Problem& p) { return p.splits > 0 || p.Nq < 64; }
 template <int D>
 std::string resolve(const Problem& p, const std::string& variant, int cc_major) {
   using C = Configs<__nv_bfloat16, D>;
+  // sm_8x has no TMA: its default is 4c's kernel, for decoding too; "sm80" forces it anywhere (the H100 grid).
+  if (variant == "sm80" || (variant == "auto" && cc_major == 8)) return C::Sm80::name();
   if (variant == "4f-split-kv" || (variant == "auto" && decodes(p))) return C::Decode::name();
-  const FwdTiles tiles = cc_major >= 12 ? C::kSm120 : C::kSm90;
+  const FwdTiles tiles = cc_major >= 12 ? C::kSm120 : cc_major == 8 ? C::k64 : C::kSm90;
   for (const auto& [name, step] : kSubsteps)
     if (variant == name) return tiles_name(substep(tiles, step));
   if (variant == "sm120" || (variant == "auto" && cc_major >= 12)) return C::Sm120::name();
@@ -78,7 +81,18 @@ std::string unsupported(const Problem& p) {
 }
 
 std::function<void()> make_forward(const Problem& p, const AttnParams& params, const std::string& variant) {
-  const std::string name = config_of(p, variant, compute_capability_major());
+  const int cc_major = compute_capability_major();
+  const std::string name = config_of(p, variant, cc_major);
+  if (cc_major < 9) {  // sm_8x: no TMA, so neither 4d-4f nor what needs them (the modifiers, --splits)
+    const std::string here = "; on this sm_" + std::to_string(cc_major) + "x GPU step 4 runs 4a-padded, 4b-swizzle, " +
+                             "4c-cp-async and sm80 (the default here), without score modifiers or --splits";
+    if (const std::optional<FwdTiles> t = tiles_named(name); t && t->copy == TileCopy::kTma)
+      throw std::invalid_argument("--variant " + variant + " runs " + name + ", which loads its tiles with TMA " +
+                                  "(sm_90 and later)" + here);
+    if (p.splits > 0 || p.has_score_mods())
+      throw std::invalid_argument(std::string(p.splits > 0 ? "--splits" : "the score modifiers") +
+                                  " run in 4e's and 4f's kernels, which load their tiles with TMA (sm_90 and later)" + here);
+  }
   std::function<void()> f;
   dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
     dispatch_head_dim(int(p.d), [&](auto dim) { f = prepare_named<decltype(t), decltype(dim)::value>(name, p, params); });
@@ -91,8 +105,8 @@ Stage stage() {
   s.name = "step4_fused_pipelined";
   s.title = "fused forward: TMA ring of K/V stages, swizzled smem, mma.sync, P in registers";
   s.platform = &cuda_platform();
-  s.variants = {"auto",   "sm90",   "sm120", "4a-padded", "4b-swizzle", "4c-cp-async", "4d-tma", "4e-score-mods",
-                "4f-split-kv"};
+  s.variants = {"auto",       "sm90",        "sm120",  "sm80",          "4a-padded",
+                "4b-swizzle", "4c-cp-async", "4d-tma", "4e-score-mods", "4f-split-kv"};
   s.has_splits = true;
   s.has_score_mods = true;  // in 4e's and 4f's configurations (kernel_traits.h, kHasMods)
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});

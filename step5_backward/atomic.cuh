@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if (q0 + row >= p.Nq) continue;  // zero-filled rows past the end of Q: nothing to add, nowhere to add it
 #pragma unroll
         for (int nd = 0; nd < kNDq; ++nd)
-          atomicAdd(reinterpret_cast<float2*>(dq_rows + row * D + dq0 + 8 * nd + 2 * t),
-                    make_float2(acc[mq][nd][2 * r], acc[mq][nd][2 * r + 1]));
+          FA_SM90_OR_TRAP(atomicAdd(reinterpret_cast<float2*>(dq_rows + row * D + dq0 + 8 * nd + 2 * t),
+                                    make_float2(acc[mq][nd][2 * r], acc[mq][nd][2 * r + 1])));  // 8 bytes: sm_90
       }
   };
 

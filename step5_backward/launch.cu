@@ -164,7 +164,7 @@ Stage stage() {
   Stage s;
   s.name = "step5_backward";
   s.title = "backward: dK/dV + dQ kernels (deterministic) or one kernel with atomic dQ; TMA ring, mma.sync";
-  s.platform = &cuda_platform();
+  s.platform = &tma_platform();  // every kernel loads through TMA: sm_90 and later (gpu/platform.h)
   s.has_backward = true;
   // "atomic-sm120" runs the atomic variant's sm_120 tiles on any GPU (the H100 test grid).
   s.variants = {"deterministic", "atomic", "atomic-sm120"};

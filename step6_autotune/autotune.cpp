@@ -291,7 +291,7 @@ Stage stage(const std::string& cache_file) {
   Stage s;
   s.name = "step6_autotune";
   s.title = "steps 4 and 5 in the configurations tuned for this GPU and problem (cached)";
-  s.platform = &cuda_platform();
+  s.platform = &tma_platform();  // every kernel loads through TMA: sm_90 and later (gpu/platform.h)
   s.has_backward = true;
   s.has_score_mods = true;  // step 4's and step 5's, in the configurations that have them (the tuner picks no other)
   // "tuned": the configurations the autotuner chose (or reads from its cache); "default": steps 4 and 5

@@ -31,27 +31,10 @@ extern template std::function<void()> prepare_named<__half, 128>(const std::stri
 
 namespace {
 
-// The CUDA platform, narrowed to the GPUs whose code step 7 carries: sm_90 (wgmma and setmaxnreg are sm_90a
-// instructions; an sm_120 card has neither).
-class HopperPlatform final : public Platform {
- public:
-  std::string unavailable_reason() const override {
-    if (std::string why = cuda_platform().unavailable_reason(); !why.empty()) return why;
-    if (const int major = cuda_platform().compute_capability_major(); major != 9)
-      return "step 7 needs an sm_90 GPU (Hopper: wgmma, setmaxnreg); " + cuda_platform().device_name() +
-             " is sm_" + std::to_string(major) + "x";
-    return "";
-  }
-  std::string device_name() const override { return cuda_platform().device_name(); }
-  std::string runtime_version() const override { return cuda_platform().runtime_version(); }
-  int compute_capability_major() const override { return cuda_platform().compute_capability_major(); }
-  double time_ms(const std::function<void()>& work, bool cold_l2) const override {
-    return cuda_platform().time_ms(work, cold_l2);
-  }
-};
-
+// The CUDA platform, narrowed to the GPUs whose code step 7 carries: sm_90 alone (wgmma and setmaxnreg are
+// sm_90a instructions; an sm_100 or sm_120 card has neither).
 const Platform& hopper_platform() {
-  static const HopperPlatform platform;
+  static const NarrowedPlatform platform(9, 9, "step 7 needs an sm_90 GPU (Hopper: wgmma, setmaxnreg)");
   return platform;
 }
 

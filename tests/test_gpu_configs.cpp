@@ -108,6 +108,26 @@ TEST(Step4Substeps, VariantsNameCompiledConfigurations) {
     }
 }
 
+// The sm_8x family (A100, RTX 30/40, L4: no TMA): step 4's default there, for decoding too, is 4c's kernel at
+// 64 x 64 tiles, the configuration "sm80" forces on any GPU (so the H100 grid runs it), and the sub-steps 4a-4c
+// resolve to kernels without TMA; what resolves to a TMA kernel is refused at launch (launch.cu). Host-side.
+TEST(Step4Families, Sm8xRunsKernelsWithoutTma) {
+  const Stage& s = find_stage("step4_fused_pipelined");
+  ASSERT_NE(std::find(s.variants.begin(), s.variants.end(), "sm80"), s.variants.end());
+  for (int64_t d : {64, 128})
+    for (int64_t Nq : {1, 16, 512}) {  // decoding (4f elsewhere) and not
+      const Problem p = to_problem({2, 4, 4, Nq, 512, d, true, kDefaultPos, DType::bf16, 0.0f}, false);
+      const std::string dflt = s.config_of(p, "auto", 8);
+      EXPECT_EQ(dflt.substr(0, 3), "4c-") << "d = " << d << ", Nq = " << Nq << ": " << dflt;
+      EXPECT_NE(dflt.find("Br64-Bc64"), std::string::npos) << dflt << ": the tiles every sm_8x part holds";
+      for (int cc : {9, 12}) EXPECT_EQ(s.config_of(p, "sm80", cc), dflt) << "sm80 forces it on cc " << cc;
+      for (const std::string v : {"4a-padded", "4b-swizzle", "4c-cp-async"})
+        EXPECT_EQ(s.config_of(p, v, 8).substr(0, 2), v.substr(0, 2)) << v << " on sm_8x";
+      EXPECT_NE(std::find(s.tuning_variants.begin(), s.tuning_variants.end(), dflt), s.tuning_variants.end())
+          << dflt << " is compiled";
+    }
+}
+
 // Host-side (no GPU: it runs in CI): on every case above, forward and backward, each GPU stage declares exactly
 // what its unsupported() accepts, in every variant and every configuration compiled for the head dim.
 TEST(GridDeclarations, ConfigCasesAgreeWithRefusals) {
