@@ -85,6 +85,9 @@ struct Stage {
   bool has_backward = false;
   bool has_splits = false;  // takes --splits (split-KV decoding: step 4's forward)
   bool has_score_mods = false;  // takes --bias, --alibi, --window, --softcap (core/score_mod.h)
+  // Runs a packed variable-length batch (--cu-seqlens-q, --cu-seqlens-k; core/varlen.h) through
+  // make_varlen_runner: the varlen loop runs the stage's make() on each sequence as a dense problem.
+  bool has_varlen = false;
   // Stages that run another stage's kernels for a pass name it here (step 5's forward is step 4's), so a
   // test grid checks those kernels once, under the stage that owns them.
   std::string forward_from, backward_from;

@@ -26,6 +26,7 @@
 #include "core/npy.h"
 #include "core/random.h"
 #include "core/score_mod.h"
+#include "core/varlen.h"
 
 namespace fa {
 
@@ -105,6 +106,12 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--window", o.window,
                  "sliding window L,R: query i sees keys (input_pos + i) - L .. (input_pos + i) + R; -1 = unbounded");
   app.add_option("--softcap", o.softcap, "softcap C > 0: scores become C * tanh(s / C)");
+  app.add_option("--cu-seqlens-q", o.cu_seqlens_q,
+                 "a packed variable-length batch (with --cu-seqlens-k): where each sequence's queries start, "
+                 "0,Lq0,Lq0+Lq1,... (Q is [total_q, Hq, d]); sequence b sees only its own keys, causal bottom-right "
+                 "in them; random inputs, steps 1 and 2");
+  app.add_option("--cu-seqlens-k", o.cu_seqlens_k,
+                 "with --cu-seqlens-q: where each sequence's keys start, as many offsets (K, V are [total_k, Hkv, d])");
   app.add_option("--inputs", o.inputs_dir,
                  "read q.npy, k.npy, v.npy (and do.npy) float32 from DIR; they set the shape");
   app.add_option("--dump", o.dump_dir, "write o.npy, lse.npy (and dq/dk/dv, dropout_mask) to DIR");
@@ -297,7 +304,8 @@ static std::string shape_flags_given(const CommonOptions& o) {
   return given;
 }
 
-Inputs prepare_inputs(CommonOptions& o, const BeforeInputs& before_inputs) {
+// The problem's dtype, seed, window and softcap from the flags (prepare_inputs and run_varlen).
+static void resolve_dtype_and_modifiers(CommonOptions& o) {
   Problem& p = o.problem;
   p.dtype = parse_dtype(o.dtype);
   p.seed = o.seed.value_or(p.seed);
@@ -322,6 +330,11 @@ Inputs prepare_inputs(CommonOptions& o, const BeforeInputs& before_inputs) {
                                   "); for no cap, drop --softcap");
     p.softcap = *o.softcap;
   }
+}
+
+Inputs prepare_inputs(CommonOptions& o, const BeforeInputs& before_inputs) {
+  Problem& p = o.problem;
+  resolve_dtype_and_modifiers(o);
   if (o.input_pos && !p.causal && !p.has_window() && !p.alibi)
     throw std::invalid_argument("--input-pos places the causal mask (and the window and ALiBi's diagonal): add "
                                 "--causal, or drop --input-pos");
@@ -627,6 +640,7 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
   }
   check_common_flags(s, o);
   std::string variant = o.variant.empty() ? (s.variants.empty() ? "" : s.variants[0]) : o.variant;
+  if (o.varlen()) return run_varlen(s, oracle, o, {variant});
   // What cannot run is refused, and a long run announced, before the inputs take their memory and time.
   Inputs in = prepare_inputs(o, [&](const Problem& p, double input_bytes) {
     if (const std::string why = s.unsupported(p, variant); !why.empty())
@@ -744,6 +758,164 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
   }
   if (!o.json_file.empty()) append_json(o.json_file, rec);
   // Last, so that the dump and the record (which say so) are there to look at.
+  if (!nonfinite.empty()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: the outputs are not finite: %s\n", s.name.c_str(), nonfinite.c_str());
+    return kExitNonFinite;
+  }
+  return rc;
+}
+
+// ---- a packed variable-length batch (core/varlen.h) ----------------------------------------------------
+
+// "" when the packed outputs are finite (LSE may be -inf in a row that sees no key), else what is not.
+static std::string varlen_nonfinite(const Problem& p, const Varlen& v, const Outputs& out) {
+  const std::pair<const char*, const Tensor*> all[] = {
+      {"O", &out.o}, {"LSE", &out.lse}, {"dQ", &out.dq}, {"dK", &out.dk}, {"dV", &out.dv}};
+  std::string said;
+  for (int k = 0; k < (p.backward ? 5 : 2); ++k) {
+    const Tensor& t = *all[k].second;
+    size_t bad = 0, first = t.size();
+    for (size_t e = 0; e < t.size(); ++e) {
+      const float x = t.data[e];
+      const bool ok = std::isfinite(x) ||
+                      (k == 1 && x < 0 && std::isinf(x) && !packed_row_sees_a_key(p, v, int64_t(e % size_t(v.total_q()))));
+      if (!ok) ++bad, first = std::min(first, e);
+    }
+    if (bad)
+      said += (said.empty() ? "" : ", ") + std::string(all[k].first) + " holds " + std::to_string(bad) +
+              " non-finite of " + std::to_string(t.size()) + " (the first at " + index_str(t.shape, first) + ")";
+  }
+  return said;
+}
+
+int run_varlen(const Stage& s, const Oracle& oracle, CommonOptions& o, const std::vector<std::string>& variants) {
+  check_common_flags(s, o);
+  if (!s.has_varlen)
+    throw std::invalid_argument(s.name + " has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1 and 2 have");
+  if (o.cu_seqlens_q.empty() || o.cu_seqlens_k.empty())
+    throw std::invalid_argument("a packed batch needs both --cu-seqlens-q and --cu-seqlens-k (as many offsets each)");
+  Problem& p = o.problem;
+  {  // the flags a varlen run does not take, named as given, with the reason
+    const std::pair<bool, const char*> refused[] = {
+        {o.batch || o.seq || o.seq_q || o.seq_k, "--batch, --seq, --seq-q and --seq-k: the lengths come from the lists"},
+        {o.input_pos.has_value(), "--input-pos: causal is bottom-right in each sequence (input_pos = Lk - Lq)"},
+        {!o.bias_file.empty(), "--bias: a dense [B, Hq, Nq, Nk] bias has no shape for ragged sequences (ALiBi, "
+                               "--window and --softcap are taken)"},
+        {p.dropout > 0, "--dropout: the mask's batch coordinate in a packed batch is not defined yet"},
+        {p.splits > 0, "--splits: each sequence runs whole"},
+        {!o.inputs_dir.empty(), "--inputs: the packed inputs are drawn at random"},
+        {!o.dump_dir.empty() || !o.json_file.empty(), "--dump and --json: a packed run prints its outputs"},
+        {!o.bench_against.empty() || o.tuned, "--bench-against and --tuned"}};
+    for (const auto& [given, what] : refused)
+      if (given) throw std::invalid_argument(std::string("a packed batch (--cu-seqlens-q/-k) does not take ") + what);
+  }
+  resolve_dtype_and_modifiers(o);
+  const Varlen v = make_varlen(parse_cu_seqlens(o.cu_seqlens_q, "--cu-seqlens-q"),
+                               parse_cu_seqlens(o.cu_seqlens_k, "--cu-seqlens-k"));
+  p.B = v.batch();
+  p.Hq = o.heads.value_or(p.Hq);
+  p.Hkv = o.kv_heads.value_or(p.Hq);
+  p.d = o.dim.value_or(p.d);
+  p.Nq = v.max_seqlen_q;  // the problem as a kernel's grid would see it; each sequence has its own
+  p.Nk = v.max_seqlen_k;
+  p.input_pos = p.Nk - p.Nq;
+  p.scale = o.scale.value_or(p.d > 0 ? float(1.0 / std::sqrt(double(p.d))) : 1.0f);
+  validate_varlen_problem(p, v);
+  Inputs in;
+  if (!o.alibi_slopes_file.empty()) {
+    if (!p.alibi) throw std::invalid_argument("--alibi-slopes gives ALiBi's slopes: add --alibi, or drop --alibi-slopes");
+    in.alibi_slopes = load_slopes(o.alibi_slopes_file, p);
+  }
+  std::vector<std::string> run;  // of several variants, those that run the problem
+  for (const std::string& variant : variants) {
+    const std::string why = s.unsupported(p, variant);
+    if (variants.size() > 1 && !why.empty()) continue;
+    if (!why.empty()) throw std::invalid_argument(s.name + " cannot run this problem: " + why);
+    run.push_back(variant);
+  }
+  if (run.empty()) throw std::invalid_argument(s.name + " has no variant that runs this problem");
+  // The sequences run one after the other: the largest decides the working memory.
+  double most = 0;
+  int64_t largest = -1;
+  for (int64_t b = 0; b < v.batch(); ++b)
+    if (sequence_has_work(v, b) && double(v.len_q(b)) * double(v.len_k(b)) > most)
+      most = double(v.len_q(b)) * double(v.len_k(b)), largest = b;
+  Problem packed_size = p;  // the packed inputs and outputs, as a problem of one sequence of the totals
+  packed_size.B = 1, packed_size.Nq = std::max<int64_t>(1, v.total_q()), packed_size.Nk = std::max<int64_t>(1, v.total_k());
+  const double packed_bytes = (input_elements(packed_size) + 2 * output_elements(packed_size)) * sizeof(float);
+  if (largest >= 0)
+    for (const std::string& variant : run)
+      require_memory_for(s, oracle, sequence_problem(p, v, largest), variant, o.check, packed_bytes);
+  in = [&] {
+    Inputs drawn = random_packed_inputs(p, v);
+    drawn.alibi_slopes = std::move(in.alibi_slopes);
+    return drawn;
+  }();
+  const Oracle packed_oracle = varlen_oracle(oracle, v);
+  const double flops = varlen_flops_forward(p, v);
+  int rc = 0;
+  std::string nonfinite;
+  // One variant: the full report. Several: one line each, as step 2's table of every variant.
+  const bool table = run.size() > 1;
+  const std::string one = table || run[0].empty() ? "" : " --variant " + run[0];
+  std::printf("%s%s: varlen %s Hq=%lld Hkv=%lld d=%lld %s%s scale=%s%s%s%s%s\n", s.name.c_str(), one.c_str(),
+              v.describe().c_str(), (long long)p.Hq, (long long)p.Hkv, (long long)p.d, dtype_name(p.dtype),
+              p.causal ? " causal (bottom-right per sequence)" : "", float_str(p.scale).c_str(),
+              p.has_window() ? (" window=" + std::to_string(p.window_left) + "," + std::to_string(p.window_right)).c_str() : "",
+              p.alibi ? " +alibi" : "", p.softcap > 0 ? (" softcap=" + float_str(p.softcap)).c_str() : "",
+              p.backward ? " +backward" : "");
+  const int n = p.backward ? 5 : 2;  // O, LSE (, dQ, dK, dV)
+  if (table) {
+    std::printf("%-8s", "variant");
+    for (int k = 0; k < n; ++k) std::printf(" %12s", ("max|" + std::string(CheckReport::name(k)) + "| err").c_str());
+    std::printf(" %6s%s\n", "check", o.bench ? "   fwd [ms]" : "");
+  }
+  for (const std::string& variant : run) {
+    if (table) std::printf("%-8s", variant.c_str());
+    std::fflush(stdout);
+    auto runner = make_varlen_runner(s, p, v, in, variant);
+    const auto start = std::chrono::steady_clock::now();
+    runner->run();
+    if (p.backward) runner->run_backward();
+    const Outputs out = runner->outputs();
+    const double run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (const std::string why = varlen_nonfinite(p, v, out); !why.empty() && nonfinite.empty())
+      nonfinite = (variant.empty() ? "" : variant + ": ") + why;
+    if (table) {  // the errors (or dashes), the verdict, the time
+      CheckReport r;
+      if (o.check) r = check_against(packed_oracle, p, in, out);
+      for (int k = 0; k < n; ++k)
+        if (o.check) std::printf(" %12.3e", r.stage[k].max_abs);
+        else std::printf(" %12s", "-");
+      std::printf(" %6s", o.check ? (r.pass ? "pass" : "FAIL") : "-");
+      if (o.check && !r.pass) rc = 1;
+      if (o.bench) std::printf(" %10.3f", time_runner(*runner, s, p.backward).fwd_ms);
+      std::printf("\n");
+      continue;
+    }
+    if (!o.check && !o.bench) {
+      print_outputs(out, p.backward);
+      std::printf("  one run, not warmed up: %.3f ms\n", run_ms);
+    }
+    if (o.check) {
+      const CheckReport r = check_against(packed_oracle, p, in, out);
+      std::printf("check against step 1 (fp64) run sequence by sequence, rule: max_abs <= 2 * naive_lowp + 1e-5 * "
+                  "max(1, |ref|)\n");
+      print_check(r);
+      if (!r.pass) rc = 1;
+    }
+    if (o.bench) {
+      const Timing t = time_runner(*runner, s, p.backward);
+      std::printf("forward:  %10.3f ms  %8.2f GFLOP/s\n", t.fwd_ms, flops / (t.fwd_ms * 1e-3) * 1e-9);
+      if (p.backward) std::printf("backward: %10.3f ms  %8.2f GFLOP/s\n", t.bwd_ms, 2.5 * flops / (t.bwd_ms * 1e-3) * 1e-9);
+    }
+  }
+  if (table && o.check)
+    std::printf("errors against step 1 in fp64, run sequence by sequence; check: max_abs <= 2 * (step 1 in %s) + "
+                "1e-5 * max(1, |ref|)\n", dtype_name(p.dtype));
+  if (!o.check && !o.bench)
+    std::printf("add --check to compare with step 1 in fp64 (sequence by sequence), --bench to time warmed-up runs\n");
   if (!nonfinite.empty()) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: error: the outputs are not finite: %s\n", s.name.c_str(), nonfinite.c_str());

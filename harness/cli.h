@@ -37,6 +37,9 @@ struct CommonOptions {
   // Score modifiers (core/score_mod.h); --alibi sets the problem directly.
   std::string bias_file, window, alibi_slopes_file;  // --bias FILE, --window L,R, --alibi-slopes FILE
   std::optional<float> softcap;
+  // A packed variable-length batch (core/varlen.h): --cu-seqlens-q and --cu-seqlens-k, "0,5,5,12".
+  std::string cu_seqlens_q, cu_seqlens_k;
+  bool varlen() const { return !cu_seqlens_q.empty() || !cu_seqlens_k.empty(); }
   bool check = false, bench = false;
   bool tuned = false;  // use step 6's tuned configuration (tuning and caching it if needed)
   bool list_variants = false;  // print the stage's variants and tuning configurations, run nothing
@@ -122,6 +125,16 @@ extern const char* const kExitCodes;
 // std::runtime_error. The files are written whole or not at all: a --json record is one whole line or
 // nothing (a failed append is truncated back), --dump's files all appear or none.
 int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o);
+
+// A packed variable-length batch (--cu-seqlens-q, --cu-seqlens-k; core/varlen.h): `variants` of s, each on
+// the same random packed inputs (Q [total_q, Hq, d], K, V [total_k, Hkv, d]), run sequence by sequence
+// (make_varlen_runner); --check compares with the oracle run the same way, --bench times it; a run with
+// neither prints what it computed. Of several variants, those s.unsupported() refuses are left out. Refuses
+// (std::invalid_argument, before anything is drawn) a stage without Stage::has_varlen, a malformed list, and
+// the flags a varlen run does not take: the shape flags the lists replace (--batch, --seq, --seq-q, --seq-k),
+// --input-pos (bottom-right per sequence), --bias, --dropout, --splits, --inputs, --dump, --json,
+// --bench-against, --tuned. Returns the exit code as run_stage does.
+int run_varlen(const Stage& s, const Oracle& oracle, CommonOptions& o, const std::vector<std::string>& variants);
 
 // Call inside a catch (...) block: reports the exception being handled as one line on stderr,
 // "program: error: ...", and returns the exit code 2. A failed allocation is said in words.

@@ -31,7 +31,8 @@ int print_gpu_status() {
 // The flags of a stage's own executable, which mean nothing here: the tour runs every stage and variant,
 // checked against step 1 and timed once. They are kept out of --help and refused with that reason.
 const char* const kStageOnlyFlags[] = {"--variant", "--check",         "--bench",        "--bench-against",
-                                       "--dump",    "--json",          "--list-variants"};
+                                       "--dump",    "--json",          "--list-variants", "--cu-seqlens-q",
+                                       "--cu-seqlens-k"};
 
 // Why variant v of s is not run on ps, in the tour's terms: a variant without a backward says which of
 // the stage's variants have one (their rows run it), where the stage's own message would advise a

@@ -199,6 +199,7 @@ Stage stage() {
   s.title = "CPU reference (Eigen, fp32)";
   s.has_backward = true;
   s.has_score_mods = true;
+  s.has_varlen = true;  // a packed batch, sequence by sequence (core/varlen.h)
   s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
   s.make = [](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
     return std::make_unique<CpuRunner>(p, in);

@@ -7,6 +7,8 @@
 //   step2_online_softmax --trace --variant fa1 the same in FlashAttention-1's loop order, with dropout
 //   step2_online_softmax --trace --backward    the same through fa2's backward (kv-outer), tile by tile
 //   step2_online_softmax --footprint           the intermediate memory of 3pass, 2pass and online
+//   step2_online_softmax --cu-seqlens-q 0,5,5,12 --cu-seqlens-k 0,7,7,20 --check
+//                                              a packed variable-length batch, every variant (core/varlen.h)
 // --tile sets the keys per tile of 2pass and online, --budget the on-chip floats M of fa1 and fa2. A flag
 // that the chosen mode or variant would ignore is refused, as the common CLI refuses bad input: one line,
 // exit code 2.
@@ -170,6 +172,9 @@ int main(int argc, char** argv) {
     if (app.count("--budget") && !v.empty() && v != "fa1" && v != "fa2")
       throw std::invalid_argument("--budget sets the blocks of fa1 and fa2; --variant " + v + " does not use it");
     const fa::Stage s = fa::step2::stage(cfg);
+    // A packed variable-length batch (--cu-seqlens-q/-k): every variant that runs it, or the one named.
+    if (o.varlen() && !o.list_variants)
+      return fa::run_varlen(s, fa::step1::oracle(), o, v.empty() ? s.variants : std::vector<std::string>{v});
     return v.empty() && !o.list_variants ? run_all(s, o, cfg) : fa::run_stage(s, fa::step1::oracle(), o);
   } catch (...) {
     return fa::report_error(name);

@@ -165,6 +165,7 @@ Stage stage(const Config& cfg) {
   s.title = "online softmax on the CPU: 3-pass, 2-pass, online, FlashAttention-1 and -2 loop orders";
   s.has_backward = true;
   s.has_score_mods = true;  // every variant: the scores of all five come from tiles.h's scores()
+  s.has_varlen = true;      // every variant: a packed batch, sequence by sequence (core/varlen.h)
   s.variants = {"3pass", "2pass", "online", "fa1", "fa2"};
   s.supports.backward = {"fa1", "fa2"};  // the backward's two loop orders (below); any dtype, head dim, modifier
   s.unsupported = [](const Problem& p, const std::string& v) {
