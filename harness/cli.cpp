@@ -869,7 +869,7 @@ int run_varlen(const Stage& s, const Oracle& oracle, CommonOptions& o, const std
   if (table) {
     std::printf("%-8s", "variant");
     for (int k = 0; k < n; ++k) std::printf(" %12s", ("max|" + std::string(CheckReport::name(k)) + "| err").c_str());
-    std::printf(" %6s%s\n", "check", o.bench ? "   fwd [ms]" : "");
+    std::printf(" %6s%s%s\n", "check", o.bench ? "   fwd [ms]" : "", o.bench && p.backward ? "   bwd [ms]" : "");
   }
   for (const std::string& variant : run) {
     if (table) std::printf("%-8s", variant.c_str());
@@ -890,7 +890,11 @@ int run_varlen(const Stage& s, const Oracle& oracle, CommonOptions& o, const std
         else std::printf(" %12s", "-");
       std::printf(" %6s", o.check ? (r.pass ? "pass" : "FAIL") : "-");
       if (o.check && !r.pass) rc = 1;
-      if (o.bench) std::printf(" %10.3f", time_runner(*runner, s, p.backward).fwd_ms);
+      if (o.bench) {
+        const Timing t = time_runner(*runner, s, p.backward);
+        std::printf(" %10.3f", t.fwd_ms);
+        if (p.backward) std::printf(" %10.3f", t.bwd_ms);
+      }
       std::printf("\n");
       continue;
     }
