@@ -75,9 +75,15 @@ def shown(rc, out, err):
 
 
 def tree_status():
-    """git's view of the tree, ignored files too (plots/ is): what a check must leave as it found it."""
-    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--ignored"], cwd=ROOT,
-                          capture_output=True, text=True).stdout
+    """What a check must leave as it found it: git's view of the tracked and untracked files, and what the
+    ignored plots/ holds (the folder the command writes by default). Not the rest of what git ignores: the
+    build folders, where ctest itself writes while this test runs beside others."""
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                            capture_output=True, text=True).stdout
+    plots = []
+    for d, _, files in os.walk(os.path.join(ROOT, "plots")):
+        plots += sorted(os.path.relpath(os.path.join(d, f), ROOT) for f in files)
+    return status + "\n".join(plots)
 
 
 def fake_build(folder):
