@@ -1,0 +1,152 @@
+"""Tests of the torch path: the custom op flash_step::attention_forward and its autograd (the C backward),
+against torch's scaled_dot_product_attention. Skipped without torch; the GPU ones also without a CUDA GPU
+the GPU stages run on. On a GPU machine with torch (docs/interface.md):
+    PYTHONPATH=python FLASH_STEP_LIBRARY=build/libflash_step.so python3 -m unittest discover -s python/tests -v
+
+The rule (core/metrics.h): max |stage - ref| <= 2 max |naive - ref| + 1e-5 max(1, max |ref|), for O and each
+gradient, where ref is SDPA in fp32 on the same (rounded) inputs (in fp64 for an fp32 run, which an fp32
+reference could not judge) and naive the textbook attention in the run's own precision, eager.
+"""
+import unittest
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    torch = None
+
+import flash_step
+
+try:
+    GPU_WHY = flash_step.gpu_unavailable_reason()
+except flash_step.FlashStepError as e:  # no library: the numpy tests say so
+    GPU_WHY = str(e)
+if torch is not None and not torch.cuda.is_available():
+    GPU_WHY = GPU_WHY or "torch sees no CUDA device"
+
+
+def expand_kv(x, group):
+    """[B, N, Hkv, d] -> [B, N, Hkv * group, d]: query head h reads KV head h / group."""
+    return x.repeat_interleave(group, dim=2)
+
+
+def causal_mask(Nq, Nk, device):
+    """Bottom-right: query i sees key j iff j <= i + Nk - Nq (SDPA's is_causal is top-left)."""
+    i = torch.arange(Nq, device=device)[:, None]
+    return torch.arange(Nk, device=device)[None, :] <= i + (Nk - Nq)
+
+
+def sdpa(q, k, v, causal, scale):
+    """SDPA on [B, N, H, d] tensors, GQA by expanding K and V."""
+    g = q.shape[2] // k.shape[2]
+    mask = causal_mask(q.shape[1], k.shape[1], q.device) if causal else None
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), expand_kv(k, g).transpose(1, 2),
+                                       expand_kv(v, g).transpose(1, 2), attn_mask=mask, scale=scale)
+    return o.transpose(1, 2)
+
+
+def naive(q, k, v, causal, scale):
+    """The textbook attention in q's dtype, each step rounded to it as eager torch does."""
+    g = q.shape[2] // k.shape[2]
+    s = torch.einsum("bihd,bjhd->bhij", q, expand_kv(k, g)) * scale
+    if causal:
+        s = s.masked_fill(~causal_mask(q.shape[1], k.shape[1], q.device), float("-inf"))
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(s, dim=-1), expand_kv(v, g))
+
+
+def run_with_grads(fn, inputs, dout, backward=True):
+    """[O, dQ, dK, dV] of fn on inputs, with dout as O's gradient ([O] alone without the backward)."""
+    leaves = [x.detach().clone().requires_grad_(backward) for x in inputs]
+    o = fn(*leaves)
+    if not backward:
+        return [o.detach()]
+    o.backward(dout)
+    return [o.detach()] + [x.grad for x in leaves]
+
+
+class Check:
+    def check(self, dtype, device, B=2, Nq=128, Nk=128, Hq=4, Hkv=2, d=64, causal=False, stage=None, variant=None,
+              backward=True):
+        torch.manual_seed(0)
+        make = lambda *shape: (torch.randn(*shape, device=device) + 0.5).to(dtype)  # noqa: E731
+        q, k, v, dout = make(B, Nq, Hq, d), make(B, Nk, Hkv, d), make(B, Nk, Hkv, d), make(B, Nq, Hq, d)
+        scale = d ** -0.5
+        ref_dtype = torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+        up = lambda *xs: [x.to(ref_dtype) for x in xs]  # noqa: E731
+        ref = run_with_grads(lambda q, k, v: sdpa(q, k, v, causal, scale), up(q, k, v), *up(dout))
+        base = run_with_grads(lambda q, k, v: naive(q, k, v, causal, scale), [q, k, v], dout)
+        got = run_with_grads(lambda q, k, v: flash_step.attention(q, k, v, causal=causal, stage=stage,
+                                                                  variant=variant), [q, k, v], dout, backward)
+        what = f"{dtype} {device} {stage or 'default'} {variant or ''} causal={causal} Hq={Hq} Hkv={Hkv} d={d}"
+        for name, g, r, b in zip(("O", "dQ", "dK", "dV"), got, ref, base):
+            self.assertEqual((g.shape, g.dtype), (r.shape, dtype), f"{what}: {name}")
+            err = (g.to(ref_dtype) - r).abs().max().item()
+            base_err = (b.to(ref_dtype) - r).abs().max().item()
+            tol = 2 * base_err + 1e-5 * max(1.0, r.abs().max().item())
+            self.assertLessEqual(err, tol, f"{what}: {name} error {err:.3g}, naive {base_err:.3g}")
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class TorchCpu(unittest.TestCase, Check):
+    def test_fp32_and_fp64_against_sdpa(self):
+        for dtype in (torch.float32, torch.float64):
+            for causal in (False, True):
+                self.check(dtype, "cpu", Nq=40, Nk=56, d=16, causal=causal)
+
+    def test_op_is_registered_with_its_schema(self):
+        from flash_step import _torch  # noqa: F401  (what a first torch call imports: it registers the ops)
+        self.assertTrue(hasattr(torch.ops.flash_step, "attention_forward"))
+        self.assertTrue(hasattr(torch.ops.flash_step, "attention_backward"))
+        q = torch.randn(1, 8, 2, 8)
+        o, lse = flash_step.attention(q, q, q, return_lse=True)
+        self.assertEqual((o.shape, lse.shape, lse.dtype), (q.shape, (1, 2, 8), torch.float32))
+        self.assertIn("attention_forward", str(torch.ops.flash_step.attention_forward.default._schema))
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+@unittest.skipIf(torch is not None and GPU_WHY != "", f"no GPU for the GPU stages: {GPU_WHY}")
+class TorchGpu(unittest.TestCase, Check):
+    def test_default_stage_bf16_fp16(self):
+        for dtype in (torch.bfloat16, torch.float16):
+            for causal in (False, True):
+                for d in (64, 128):
+                    self.check(dtype, "cuda", d=d, causal=causal)
+
+    def test_named_stages(self):
+        for stage in [name for name, memory in flash_step.stages() if memory == "device"]:
+            if stage == "step6_autotune":  # it times candidates on its first call: a benchmark, not a test
+                continue
+            if stage == "step7_hopper_wgmma" and torch.cuda.get_device_capability()[0] != 9:
+                continue
+            self.check(torch.bfloat16, "cuda", causal=True, stage=stage, Nq=96, Nk=160,
+                       backward=stage != "step4_fused_pipelined")
+        self.check(torch.bfloat16, "cuda", stage="step5_backward", variant="atomic")
+
+    def test_fp32_on_step3_and_mqa(self):
+        self.check(torch.float32, "cuda", stage="step3_naive_kernel", Nq=64, Nk=96, Hq=4, Hkv=1, causal=True)
+
+    def test_forward_only_stage_and_strides(self):
+        torch.manual_seed(1)
+        qkv = torch.randn(2, 128, 3, 4, 64, device="cuda", dtype=torch.bfloat16)
+        q, k, v = qkv.unbind(dim=2)  # strided views of one buffer
+        o = flash_step.attention(q, k, v, stage="step4_fused_pipelined")
+        o_ref = flash_step.attention(*(x.contiguous() for x in (q, k, v)), stage="step4_fused_pipelined")
+        self.assertTrue(torch.equal(o, o_ref))
+        with self.assertRaises(flash_step.FlashStepError) as c:  # step 4 has no backward
+            flash_step.attention(q.contiguous().requires_grad_(), k, v, stage="step4_fused_pipelined").sum().backward()
+        self.assertIn("no backward", str(c.exception))
+
+    def test_refusals(self):
+        q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
+        with self.assertRaises(flash_step.FlashStepError) as c:
+            flash_step.attention(q, q, q, stage="step2_online_softmax")
+        self.assertEqual(c.exception.status_name, "FS_UNSUPPORTED")
+        self.assertIn("runs on the CPU", str(c.exception))
+        q96 = torch.randn(1, 64, 2, 96, device="cuda", dtype=torch.bfloat16)
+        with self.assertRaises(flash_step.FlashStepError) as c:
+            flash_step.attention(q96, q96, q96, stage="step4_fused_pipelined")
+        self.assertIn("head dim", str(c.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,424 @@
+// FlashAttention, step by step — tests of the C interface (capi/flash_step.h) on the CPU stages.
+// Through libflash_step.so as a program sees it: forward and backward in fp64 against step 1's reference
+// (the same values, to rounding), in fp32 for every CPU stage under the tolerance rule (core/metrics.h),
+// GQA and causal with Nq != Nk, strided views (packed QKV, negative strides, outputs with gaps left
+// untouched), the default stage, and every error path: its status and its message, per thread.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "capi/flash_step.h"
+#include "core/random.h"
+#include "harness/registry.h"
+#include "step1_cpu_reference/reference.h"
+
+namespace fa {
+namespace {
+
+// A host buffer of T holding a [B, N, H, d] tensor (or [B, H, Nq] for the LSE), and its view.
+template <typename T>
+struct Buffer {
+  std::vector<T> data;
+  fs_tensor view{};
+};
+
+// The stages' [B, H, N, d] tensor `t` as a contiguous [B, N, H, d] buffer of T.
+template <typename T>
+Buffer<T> to_api(const Tensor& t) {
+  const int64_t B = t.shape[0], H = t.shape[1], N = t.shape[2], d = t.shape[3];
+  Buffer<T> b;
+  b.data.resize(t.size());
+  for (int64_t i = 0; i < B; ++i)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t x = 0; x < d; ++x) b.data[((i * N + n) * H + h) * d + x] = T(t.data[((i * H + h) * N + n) * d + x]);
+  b.view = fs_contiguous(b.data.data(), B, N, H, d);
+  return b;
+}
+
+// An output buffer: [B, N, H, d], or [B, H, Nq] when lse; filled with NaN.
+template <typename T>
+Buffer<T> output(int64_t B, int64_t N, int64_t H, int64_t d, bool lse = false) {
+  Buffer<T> b;
+  b.data.assign(size_t(B * N * H * (lse ? 1 : d)), T(NAN));
+  b.view = lse ? fs_contiguous_lse(b.data.data(), B, H, N) : fs_contiguous(b.data.data(), B, N, H, d);
+  return b;
+}
+
+// Reads a strided [B, N, H, d] view back as the stages' [B, H, N, d] (the LSE view [B, H, Nq] as is).
+template <typename T>
+TensorT<double> from_api(const fs_tensor& v) {
+  const T* base = static_cast<const T*>(v.data);
+  if (v.ndim == 3) {
+    TensorT<double> t({v.size[0], v.size[1], v.size[2]});
+    size_t i = 0;
+    for (int64_t b = 0; b < v.size[0]; ++b)
+      for (int64_t h = 0; h < v.size[1]; ++h)
+        for (int64_t n = 0; n < v.size[2]; ++n) t.data[i++] = base[b * v.stride[0] + h * v.stride[1] + n * v.stride[2]];
+    return t;
+  }
+  TensorT<double> t({v.size[0], v.size[2], v.size[1], v.size[3]});
+  size_t i = 0;
+  for (int64_t b = 0; b < v.size[0]; ++b)
+    for (int64_t h = 0; h < v.size[2]; ++h)
+      for (int64_t n = 0; n < v.size[1]; ++n)
+        for (int64_t x = 0; x < v.size[3]; ++x)
+          t.data[i++] = base[b * v.stride[0] + n * v.stride[1] + h * v.stride[2] + x * v.stride[3]];
+  return t;
+}
+
+Tensor to_float(const TensorT<double>& t) {
+  Tensor f(t.shape);
+  for (size_t i = 0; i < t.size(); ++i) f.data[i] = float(t.data[i]);
+  return f;
+}
+
+// max |a - b| over finite pairs; infinite entries must match exactly (an LSE of a row that sees no key).
+double max_diff(const TensorT<double>& a, const TensorT<double>& b) {
+  EXPECT_EQ(a.shape, b.shape);
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (std::isinf(a.data[i]) || std::isinf(b.data[i])) {
+      EXPECT_EQ(a.data[i], b.data[i]) << "element " << i;
+      continue;
+    }
+    m = std::max(m, std::abs(a.data[i] - b.data[i]));
+    EXPECT_FALSE(std::isnan(a.data[i])) << "element " << i;
+  }
+  return m;
+}
+
+// A problem with GQA (4 query heads on 2 KV heads) and Nq != Nk, so that a causal mask leaves rows unseen.
+Problem small_problem(bool causal, bool backward) {
+  Problem p;
+  p.B = 2;
+  p.Hq = 4;
+  p.Hkv = 2;
+  p.Nq = 37;
+  p.Nk = 29;
+  p.d = 16;
+  p.causal = causal;
+  p.input_pos = p.Nk - p.Nq;  // -8: the first 8 query rows see no key when causal
+  p.scale = 0.3f;
+  p.dtype = DType::fp32;
+  p.backward = backward;
+  p.seed = 7;
+  return p;
+}
+
+fs_options options_of(const Problem& p, fs_dtype dtype, const char* stage = nullptr, const char* variant = nullptr) {
+  fs_options o = fs_default_options();
+  o.causal = p.causal;
+  o.softmax_scale = p.scale;
+  o.dtype = dtype;
+  o.stage = stage;
+  o.variant = variant;
+  return o;
+}
+
+TEST(Capi, VersionAndStages) {
+  EXPECT_EQ(fs_version(), FS_VERSION);
+  EXPECT_EQ(FS_VERSION, FS_VERSION_MAJOR * 1000 + FS_VERSION_MINOR);
+  ASSERT_GE(fs_stage_count(), 2);
+  EXPECT_STREQ(fs_stage_name(0), "step1_cpu_reference");
+  EXPECT_STREQ(fs_stage_name(1), "step2_online_softmax");
+  EXPECT_EQ(fs_stage_memory(0), FS_HOST);
+  EXPECT_EQ(fs_stage_name(fs_stage_count()), nullptr);
+  EXPECT_NE(std::string(fs_last_error()).find("no stage"), std::string::npos) << fs_last_error();
+  EXPECT_EQ(std::string(fs_gpu_unavailable_reason()), gpu_unavailable_reason());
+}
+
+// fp64: step 1's reference through the interface, against step 1 itself: the same values, to rounding.
+TEST(Capi, ForwardFp64IsStep1) {
+  for (bool causal : {false, true}) {
+    const Problem p = small_problem(causal, false);
+    const Inputs in = random_inputs(p);
+    const auto ref = step1::attention<double>(p, in, false);
+    auto q = to_api<double>(in.q), k = to_api<double>(in.k), v = to_api<double>(in.v);
+    auto o = output<double>(p.B, p.Nq, p.Hq, p.d), lse = output<double>(p.B, p.Nq, p.Hq, p.d, true);
+    const fs_options opt = options_of(p, FS_FP64);
+    ASSERT_EQ(fs_forward(&opt, &q.view, &k.view, &v.view, &o.view, &lse.view), FS_OK) << fs_last_error();
+    EXPECT_STREQ(fs_last_error(), "");
+    EXPECT_LE(max_diff(from_api<double>(o.view), ref.o), 1e-12) << "causal " << causal;
+    EXPECT_LE(max_diff(from_api<double>(lse.view), ref.lse), 1e-12) << "causal " << causal;
+  }
+}
+
+TEST(Capi, BackwardFp64IsStep1) {
+  for (bool causal : {false, true}) {
+    const Problem p = small_problem(causal, true);
+    const Inputs in = random_inputs(p);
+    const auto ref = step1::attention<double>(p, in, true);
+    auto q = to_api<double>(in.q), k = to_api<double>(in.k), v = to_api<double>(in.v), dout = to_api<double>(in.dout);
+    auto o = output<double>(p.B, p.Nq, p.Hq, p.d), lse = output<double>(p.B, p.Nq, p.Hq, p.d, true);
+    const fs_options opt = options_of(p, FS_FP64);
+    ASSERT_EQ(fs_forward(&opt, &q.view, &k.view, &v.view, &o.view, &lse.view), FS_OK) << fs_last_error();
+    auto dq = output<double>(p.B, p.Nq, p.Hq, p.d), dk = output<double>(p.B, p.Nk, p.Hkv, p.d),
+         dv = output<double>(p.B, p.Nk, p.Hkv, p.d);
+    ASSERT_EQ(fs_backward(&opt, &q.view, &k.view, &v.view, &o.view, &lse.view, &dout.view, &dq.view, &dk.view, &dv.view),
+              FS_OK)
+        << fs_last_error();
+    EXPECT_LE(max_diff(from_api<double>(dq.view), ref.dq), 1e-12) << "causal " << causal;
+    EXPECT_LE(max_diff(from_api<double>(dk.view), ref.dk), 1e-12) << "causal " << causal;
+    EXPECT_LE(max_diff(from_api<double>(dv.view), ref.dv), 1e-12) << "causal " << causal;
+  }
+}
+
+// fp32: every CPU stage (and step 2's variants), forward and backward, under the tolerance rule against step 1
+// in fp64, the check --check makes.
+TEST(Capi, Fp32StagesPassTheToleranceRule) {
+  struct Run {
+    const char* stage;
+    const char* variant;
+    bool backward;
+  };
+  const Run runs[] = {{"step1_cpu_reference", nullptr, true}, {"step2_online_softmax", nullptr, false},
+                      {"step2_online_softmax", "online", false}, {"step2_online_softmax", "fa1", true},
+                      {"step2_online_softmax", "fa2", true},     {nullptr, nullptr, true}};
+  for (const Run& r : runs)
+    for (bool causal : {false, true}) {
+      const std::string what = std::string(r.stage ? r.stage : "default") + " " + (r.variant ? r.variant : "") +
+                               (causal ? " causal" : "");
+      const Problem p = small_problem(causal, r.backward);
+      const Inputs in = random_inputs(p);
+      auto q = to_api<float>(in.q), k = to_api<float>(in.k), v = to_api<float>(in.v);
+      auto o = output<float>(p.B, p.Nq, p.Hq, p.d), lse = output<float>(p.B, p.Nq, p.Hq, p.d, true);
+      const fs_options opt = options_of(p, FS_FP32, r.stage, r.variant);
+      ASSERT_EQ(fs_forward(&opt, &q.view, &k.view, &v.view, &o.view, &lse.view), FS_OK) << what << ": " << fs_last_error();
+      Outputs got;
+      got.o = to_float(from_api<float>(o.view));
+      got.lse = to_float(from_api<float>(lse.view));
+      if (r.backward) {
+        auto dout = to_api<float>(in.dout);
+        auto dq = output<float>(p.B, p.Nq, p.Hq, p.d), dk = output<float>(p.B, p.Nk, p.Hkv, p.d),
+             dv = output<float>(p.B, p.Nk, p.Hkv, p.d);
+        ASSERT_EQ(fs_backward(&opt, &q.view, &k.view, &v.view, &o.view, &lse.view, &dout.view, &dq.view, &dk.view,
+                              &dv.view),
+                  FS_OK)
+            << what << ": " << fs_last_error();
+        got.dq = to_float(from_api<float>(dq.view));
+        got.dk = to_float(from_api<float>(dk.view));
+        got.dv = to_float(from_api<float>(dv.view));
+      }
+      const CheckReport rep = check_against_reference(p, in, got);
+      for (int i = 0; i < rep.n; ++i)
+        EXPECT_TRUE(rep.verdict[i].pass) << what << ": " << CheckReport::name(i) << " error " << rep.stage[i].max_abs
+                                         << " > tolerance " << rep.verdict[i].tolerance;
+    }
+}
+
+// Strided views: Q, K, V packed in one [B, N, 3, H, d] buffer (as a fused QKV projection leaves them), K with
+// a negative stride along N, O with gaps between its rows and the LSE transposed ([B, Hq, Nq] stored as
+// [B, Nq, Hq]). The values are those of the contiguous call, and the gaps are left as they were.
+TEST(Capi, StridedViewsGiveTheContiguousValues) {
+  Problem p = small_problem(true, true);
+  p.Nk = p.Nq;  // one packed buffer: Q, K, V of the same length and heads
+  p.Hkv = p.Hq;
+  p.input_pos = 0;
+  const Inputs in = random_inputs(p);
+  const int64_t B = p.B, N = p.Nq, H = p.Hq, d = p.d;
+  auto q = to_api<float>(in.q), k = to_api<float>(in.k), v = to_api<float>(in.v), dout = to_api<float>(in.dout);
+  const fs_options opt = options_of(p, FS_FP32, "step2_online_softmax", "fa2");
+  auto o = output<float>(B, N, H, d), lse = output<float>(B, N, H, d, true);
+  ASSERT_EQ(fs_forward(&opt, &q.view, &k.view, &v.view, &o.view, &lse.view), FS_OK) << fs_last_error();
+  auto dq = output<float>(B, N, H, d), dk = output<float>(B, N, H, d), dv = output<float>(B, N, H, d);
+  ASSERT_EQ(fs_backward(&opt, &q.view, &k.view, &v.view, &o.view, &lse.view, &dout.view, &dq.view, &dk.view, &dv.view), FS_OK)
+      << fs_last_error();
+
+  // packed [B, N, 3, H, d]; K stored with its rows reversed, reached through a negative stride
+  std::vector<float> qkv(size_t(B * N * 3 * H * d));
+  const int64_t sB = N * 3 * H * d, sN = 3 * H * d, sH = d;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t x = 0; x < d; ++x) {
+          const size_t c = size_t(((b * N + n) * H + h) * d + x);
+          qkv[size_t(b * sB + n * sN + 0 * H * d + h * sH + x)] = q.data[c];
+          qkv[size_t(b * sB + (N - 1 - n) * sN + 1 * H * d + h * sH + x)] = k.data[c];
+          qkv[size_t(b * sB + n * sN + 2 * H * d + h * sH + x)] = v.data[c];
+        }
+  auto strided = [&](float* base, int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
+    fs_tensor t = fs_contiguous(base, B, N, H, d);
+    t.stride[0] = s0, t.stride[1] = s1, t.stride[2] = s2, t.stride[3] = s3;
+    return t;
+  };
+  const fs_tensor qs = strided(qkv.data(), sB, sN, sH, 1);
+  const fs_tensor ks = strided(qkv.data() + (N - 1) * sN + H * d, sB, -sN, sH, 1);
+  const fs_tensor vs = strided(qkv.data() + 2 * H * d, sB, sN, sH, 1);
+  // O with a gap of 3 floats after each head's row; the LSE [B, Hq, Nq] stored as [B, Nq, Hq]
+  const float sentinel = 12345.0f;
+  const int64_t oH = d + 3;
+  std::vector<float> o_buf(size_t(B * N * H * oH), sentinel), lse_buf(size_t(B * N * H), sentinel);
+  const fs_tensor os = strided(o_buf.data(), N * H * oH, H * oH, oH, 1);
+  fs_tensor lses = fs_contiguous_lse(lse_buf.data(), B, H, N);
+  lses.stride[1] = 1, lses.stride[2] = H;
+  ASSERT_EQ(fs_forward(&opt, &qs, &ks, &vs, &os, &lses), FS_OK) << fs_last_error();
+  EXPECT_EQ(max_diff(from_api<float>(os), from_api<float>(o.view)), 0.0);
+  EXPECT_EQ(max_diff(from_api<float>(lses), from_api<float>(lse.view)), 0.0);
+  for (size_t i = 0; i < o_buf.size(); ++i)
+    if (int64_t(i) % oH >= d) {
+      ASSERT_EQ(o_buf[i], sentinel) << "the gap at " << i << " was written";
+    }
+
+  // the gradients into a packed [B, N, 3, H, d] buffer of their own, dK through a negative stride too
+  std::vector<float> dqkv(qkv.size(), sentinel);
+  const fs_tensor dqs = strided(dqkv.data(), sB, sN, sH, 1);
+  const fs_tensor dks = strided(dqkv.data() + (N - 1) * sN + H * d, sB, -sN, sH, 1);
+  const fs_tensor dvs = strided(dqkv.data() + 2 * H * d, sB, sN, sH, 1);
+  const fs_tensor douts = strided(dout.data.data(), N * H * d, H * d, d, 1);
+  ASSERT_EQ(fs_backward(&opt, &qs, &ks, &vs, &os, &lses, &douts, &dqs, &dks, &dvs), FS_OK) << fs_last_error();
+  EXPECT_EQ(max_diff(from_api<float>(dqs), from_api<float>(dq.view)), 0.0);
+  EXPECT_EQ(max_diff(from_api<float>(dks), from_api<float>(dk.view)), 0.0);
+  EXPECT_EQ(max_diff(from_api<float>(dvs), from_api<float>(dv.view)), 0.0);
+}
+
+TEST(Capi, DefaultStages) {
+  const Problem p = small_problem(false, true);
+  std::vector<float> buf(size_t(p.B * p.Nq * p.Hq * p.d));
+  const fs_tensor q = fs_contiguous(buf.data(), p.B, p.Nq, p.Hq, p.d), k = fs_contiguous(buf.data(), p.B, p.Nk, p.Hkv, p.d);
+  const char *stage = nullptr, *variant = nullptr;
+  fs_options o = fs_default_options();
+  ASSERT_EQ(fs_resolve(&o, &q, &k, 0, &stage, &variant), FS_OK) << fs_last_error();
+  EXPECT_STREQ(stage, "step2_online_softmax");
+  EXPECT_STREQ(variant, "fa2");
+  ASSERT_EQ(fs_resolve(&o, &q, &k, 1, &stage, &variant), FS_OK) << fs_last_error();
+  EXPECT_STREQ(stage, "step2_online_softmax");
+  EXPECT_STREQ(variant, "fa2");
+  o.dtype = FS_FP64;
+  ASSERT_EQ(fs_resolve(&o, &q, &k, 1, &stage, &variant), FS_OK) << fs_last_error();
+  EXPECT_STREQ(stage, "step1_cpu_reference");
+  o.dtype = FS_FP32;
+  o.stage = "step2_online_softmax";  // named without a variant: its first variant that runs the call
+  ASSERT_EQ(fs_resolve(&o, &q, &k, 0, &stage, &variant), FS_OK) << fs_last_error();
+  EXPECT_STREQ(variant, "3pass");
+  ASSERT_EQ(fs_resolve(&o, &q, &k, 1, &stage, &variant), FS_OK) << fs_last_error();
+  EXPECT_STREQ(variant, "fa1");
+}
+
+// Every refusal: its status, and a message that names the problem.
+TEST(Capi, EveryErrorIsAStatusAndAMessage) {
+  const Problem p = small_problem(false, true);
+  const Inputs in = random_inputs(p);
+  auto q = to_api<float>(in.q), k = to_api<float>(in.k), v = to_api<float>(in.v), dout = to_api<float>(in.dout);
+  auto o = output<float>(p.B, p.Nq, p.Hq, p.d), lse = output<float>(p.B, p.Nq, p.Hq, p.d, true);
+  auto dq = output<float>(p.B, p.Nq, p.Hq, p.d), dk = output<float>(p.B, p.Nk, p.Hkv, p.d),
+       dv = output<float>(p.B, p.Nk, p.Hkv, p.d);
+  const fs_options good = options_of(p, FS_FP32);
+
+  // forward with one thing changed: (what, expected status, a piece of the message)
+  struct Case {
+    const char* what;
+    fs_status status;
+    const char* message;
+    std::function<void(fs_options&, fs_tensor&, fs_tensor&, fs_tensor&, fs_tensor&, fs_tensor&)> change;
+  };
+  const std::vector<Case> cases = {
+      {"q data NULL", FS_INVALID_ARGUMENT, "q->data is NULL", [](auto&, auto& q, auto&, auto&, auto&, auto&) { q.data = nullptr; }},
+      {"o data NULL", FS_INVALID_ARGUMENT, "o->data is NULL", [](auto&, auto&, auto&, auto&, auto& o, auto&) { o.data = nullptr; }},
+      {"lse ndim 4", FS_INVALID_ARGUMENT, "lse has ndim 4, expected 3", [](auto&, auto&, auto&, auto&, auto&, auto& l) { l.ndim = 4; }},
+      {"q ndim 3", FS_INVALID_ARGUMENT, "q has ndim 3, expected 4", [](auto&, auto& q, auto&, auto&, auto&, auto&) { q.ndim = 3; }},
+      {"size 0", FS_INVALID_ARGUMENT, "every size must be positive", [](auto&, auto& q, auto&, auto&, auto&, auto&) { q.size[1] = 0; }},
+      {"k batch", FS_INVALID_ARGUMENT, "k has batch 3, q 2", [](auto&, auto&, auto& k, auto&, auto&, auto&) { k.size[0] = 3; }},
+      {"k head dim", FS_INVALID_ARGUMENT, "k has head dim 8, q 16", [](auto&, auto&, auto& k, auto&, auto&, auto&) { k.size[3] = 8; }},
+      {"GQA", FS_INVALID_ARGUMENT, "not a multiple of k's 3", [](auto&, auto&, auto& k, auto& v, auto&, auto&) { k.size[2] = v.size[2] = 3; }},
+      {"v length", FS_INVALID_ARGUMENT, "v has size [2, 28, 2, 16], expected [2, 29, 2, 16]", [](auto&, auto&, auto&, auto& v, auto&, auto&) { v.size[1] = 28; }},
+      {"o heads", FS_INVALID_ARGUMENT, "o has size [2, 37, 2, 16], expected [2, 37, 4, 16]", [](auto&, auto&, auto&, auto&, auto& o, auto&) { o.size[2] = 2; }},
+      {"lse length", FS_INVALID_ARGUMENT, "lse has size [2, 4, 29], expected [2, 4, 37]", [](auto&, auto&, auto&, auto&, auto&, auto& l) { l.size[2] = 29; }},
+      {"o overlaps", FS_INVALID_ARGUMENT, "o is an output with stride 0 along dimension 1", [](auto&, auto&, auto&, auto&, auto& o, auto&) { o.stride[1] = 0; }},
+      {"scale < 0", FS_INVALID_ARGUMENT, "softmax_scale must be positive and finite", [](auto& op, auto&, auto&, auto&, auto&, auto&) { op.softmax_scale = -1; }},
+      {"scale NaN", FS_INVALID_ARGUMENT, "softmax_scale must be positive and finite", [](auto& op, auto&, auto&, auto&, auto&, auto&) { op.softmax_scale = NAN; }},
+      {"dtype 9", FS_INVALID_ARGUMENT, "options->dtype is 9", [](auto& op, auto&, auto&, auto&, auto&, auto&) { op.dtype = fs_dtype(9); }},
+      {"memory 5", FS_INVALID_ARGUMENT, "options->memory is 5", [](auto& op, auto&, auto&, auto&, auto&, auto&) { op.memory = fs_memory(5); }},
+      {"host bf16", FS_UNSUPPORTED, "host memory takes fp32 or fp64", [](auto& op, auto&, auto&, auto&, auto&, auto&) { op.dtype = FS_BF16; }},
+      {"unknown stage", FS_UNKNOWN_STAGE, "no stage named 'step9'", [](auto& op, auto&, auto&, auto&, auto&, auto&) { op.stage = "step9"; }},
+      {"unknown variant", FS_UNKNOWN_STAGE, "step2_online_softmax has no variant 'fa3' (its variants: 3pass",
+       [](auto& op, auto&, auto&, auto&, auto&, auto&) { op.stage = "step2_online_softmax", op.variant = "fa3"; }},
+      {"variant alone", FS_INVALID_ARGUMENT, "options->variant 'fa2' needs options->stage",
+       [](auto& op, auto&, auto&, auto&, auto&, auto&) { op.variant = "fa2"; }},
+      {"fp64 on step 2", FS_UNSUPPORTED, "step2_online_softmax computes in fp32",
+       [](auto& op, auto&, auto&, auto&, auto&, auto&) { op.dtype = FS_FP64, op.stage = "step2_online_softmax"; }},
+      {"device memory", gpu_unavailable_reason().empty() ? FS_INVALID_ARGUMENT : FS_UNAVAILABLE,
+       gpu_unavailable_reason().empty() ? "q->data points to" : "device memory needs the GPU stages",
+       [](auto& op, auto&, auto&, auto&, auto&, auto&) { op.memory = FS_DEVICE, op.dtype = FS_BF16; }},
+  };
+  for (const Case& c : cases) {
+    fs_options op = good;
+    fs_tensor qv = q.view, kv = k.view, vv = v.view, ov = o.view, lv = lse.view;
+    c.change(op, qv, kv, vv, ov, lv);
+    EXPECT_EQ(fs_forward(&op, &qv, &kv, &vv, &ov, &lv), c.status) << c.what;
+    const std::string msg = fs_last_error();
+    EXPECT_EQ(msg.rfind("fs_forward: ", 0), 0u) << c.what << ": " << msg;
+    EXPECT_NE(msg.find(c.message), std::string::npos) << c.what << ": '" << msg << "' lacks '" << c.message << "'";
+  }
+
+  // NULL arguments, one at a time
+  EXPECT_EQ(fs_forward(nullptr, &q.view, &k.view, &v.view, &o.view, &lse.view), FS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_last_error()).find("options is NULL"), std::string::npos) << fs_last_error();
+  const char* names[] = {"q is NULL", "k is NULL", "v is NULL", "o is NULL", "lse is NULL"};
+  for (int i = 0; i < 5; ++i) {
+    const fs_tensor* t[5] = {&q.view, &k.view, &v.view, &o.view, &lse.view};
+    t[i] = nullptr;
+    EXPECT_EQ(fs_forward(&good, t[0], t[1], t[2], t[3], t[4]), FS_INVALID_ARGUMENT) << names[i];
+    EXPECT_NE(std::string(fs_last_error()).find(names[i]), std::string::npos) << fs_last_error();
+  }
+  const char* bnames[] = {"q is NULL", "k is NULL", "v is NULL", "o is NULL", "lse is NULL",
+                          "dout is NULL", "dq is NULL", "dk is NULL", "dv is NULL"};
+  for (int i = 0; i < 9; ++i) {
+    const fs_tensor* t[9] = {&q.view, &k.view, &v.view, &o.view, &lse.view, &dout.view, &dq.view, &dk.view, &dv.view};
+    t[i] = nullptr;
+    EXPECT_EQ(fs_backward(&good, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]), FS_INVALID_ARGUMENT) << bnames[i];
+    const std::string msg = fs_last_error();
+    EXPECT_EQ(msg.rfind("fs_backward: ", 0), 0u) << msg;
+    EXPECT_NE(msg.find(bnames[i]), std::string::npos) << msg;
+  }
+
+  // the backward's own checks: the gradients' shapes, a variant without a backward
+  fs_tensor dk_bad = dk.view;
+  dk_bad.size[2] = 4;
+  EXPECT_EQ(fs_backward(&good, &q.view, &k.view, &v.view, &o.view, &lse.view, &dout.view, &dq.view, &dk_bad, &dv.view),
+            FS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_last_error()).find("dk has size [2, 29, 4, 16], expected [2, 29, 2, 16]"), std::string::npos)
+      << fs_last_error();
+  fs_options no_backward = good;
+  no_backward.stage = "step2_online_softmax";
+  no_backward.variant = "online";
+  EXPECT_EQ(fs_backward(&no_backward, &q.view, &k.view, &v.view, &o.view, &lse.view, &dout.view, &dq.view, &dk.view, &dv.view),
+            FS_UNSUPPORTED);
+  EXPECT_NE(std::string(fs_last_error()).find("step2_online_softmax --variant online cannot run this call"), std::string::npos)
+      << fs_last_error();
+  const char *stage = nullptr, *variant = nullptr;
+  EXPECT_EQ(fs_resolve(&good, &q.view, &k.view, 0, nullptr, &variant), FS_INVALID_ARGUMENT);
+  EXPECT_EQ(fs_resolve(&good, &q.view, &k.view, 0, &stage, &variant), FS_OK);
+
+  // a GPU stage with host pointers (a build with the GPU stages)
+  bool gpu_stages = false;
+  for (const Stage& s : stages()) gpu_stages = gpu_stages || s.gpu();
+  if (gpu_stages) {
+    fs_options op = good;
+    op.stage = "step4_fused_pipelined";
+    EXPECT_EQ(fs_forward(&op, &q.view, &k.view, &v.view, &o.view, &lse.view), FS_UNSUPPORTED);
+    EXPECT_NE(std::string(fs_last_error()).find("runs on the GPU: it takes device pointers"), std::string::npos)
+        << fs_last_error();
+  }
+}
+
+// The last error belongs to the thread that made the call, and a call that succeeds clears it.
+TEST(Capi, LastErrorIsPerThread) {
+  const fs_options o = fs_default_options();
+  EXPECT_EQ(fs_forward(&o, nullptr, nullptr, nullptr, nullptr, nullptr), FS_INVALID_ARGUMENT);
+  const std::string mine = fs_last_error();
+  std::string theirs = "unset";
+  std::thread([&] { theirs = fs_last_error(); }).join();
+  EXPECT_EQ(theirs, "");
+  EXPECT_EQ(std::string(fs_last_error()), mine);
+  EXPECT_EQ(fs_version(), FS_VERSION);  // calls that cannot fail leave it as it is
+  EXPECT_EQ(std::string(fs_last_error()), mine);
+  EXPECT_GE(fs_stage_count(), 2);
+  EXPECT_STREQ(fs_last_error(), "");
+}
+
+}  // namespace
+}  // namespace fa
