@@ -149,6 +149,8 @@ std::vector<std::string> default_variants(const Stage& s) {
   return v;
 }
 
+void check_memory(const Plan& pl, const fs_tensor& t, const char* name);  // below
+
 // Checks options, q and k (v, the outputs and the gradients are checked against them by the caller) and
 // picks the stage and variant.
 Plan plan_call(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg, bool backward) {
@@ -199,9 +201,12 @@ Plan plan_call(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_a
     fail(FS_INVALID_ARGUMENT, e.what());
   }
 
-  if (pl.memory == FS_DEVICE)
+  if (pl.memory == FS_DEVICE) {
     if (const std::string why = gpu_unavailable_reason(); !why.empty())
       fail(FS_UNAVAILABLE, "device memory needs the GPU stages, and " + why);
+    check_memory(pl, *q_arg, "q");  // pointers in the wrong memory: said before which stage would take the call
+    check_memory(pl, *k_arg, "k");
+  }
 
   // The stage: the one named, or the first of the memory kind's stages, latest (fastest) first, that runs p.
   pl.fp64 = pl.dtype == FS_FP64;
