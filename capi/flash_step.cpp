@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -320,28 +321,43 @@ void run_plan(const Plan& pl, const Inputs& in, Write&& write) {
   write(runner->outputs());
 }
 
-void forward(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg, const fs_tensor* v_arg,
-             const fs_tensor* o_arg, const fs_tensor* lse_arg) {
-  const Plan pl = plan_call(o, q_arg, k_arg, false);
+// v, o and the LSE of a call, checked against q's and k's shapes: the forward writes o and the LSE, the
+// backward reads them.
+struct VOLse {
+  const fs_tensor &v, &o, &lse;
+};
+VOLse v_o_lse(const Plan& pl, const fs_tensor* v_arg, const fs_tensor* o_arg, const fs_tensor* lse_arg, bool written) {
   const Problem& p = pl.p;
-  const fs_tensor &q = *q_arg, &k = *k_arg;
   const fs_tensor& v = tensor_arg(v_arg, "v", 4, false);
   same_shape(v, "v", {p.B, p.Nk, p.Hkv, p.d}, "k's [B, Nk, Hkv, d]");
-  const fs_tensor& out = tensor_arg(o_arg, "o", 4, true);
+  const fs_tensor& out = tensor_arg(o_arg, "o", 4, written);
   same_shape(out, "o", {p.B, p.Nq, p.Hq, p.d}, "q's [B, Nq, Hq, d]");
-  const fs_tensor& lse = tensor_arg(lse_arg, "lse", 3, true);
+  const fs_tensor& lse = tensor_arg(lse_arg, "lse", 3, written);
   same_shape(lse, "lse", {p.B, p.Hq, p.Nq}, "[B, Hq, Nq] of q's");
-  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "o"}, {&lse, "lse"}})
-    check_memory(pl, *t, name);
-  if (pl.memory == FS_HOST) check_host_memory(pl);
+  return {v, out, lse};
+}
 
+// Every tensor of the call where options->memory says, a host run's memory, then Q, K and V gathered for the stage.
+Inputs gather_qkv(const Plan& pl, const fs_tensor& q, const fs_tensor& k, const fs_tensor& v,
+                  std::initializer_list<std::pair<const fs_tensor*, const char*>> tensors) {
+  for (const auto& [t, name] : tensors) check_memory(pl, *t, name);
+  if (pl.memory == FS_HOST) check_host_memory(pl);
   Inputs in;
   in.q = gather_bnhd(q, pl.dtype, pl.memory);
   in.k = gather_bnhd(k, pl.dtype, pl.memory);
   in.v = gather_bnhd(v, pl.dtype, pl.memory);
+  return in;
+}
+
+void forward(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg, const fs_tensor* v_arg,
+             const fs_tensor* o_arg, const fs_tensor* lse_arg) {
+  const Plan pl = plan_call(o, q_arg, k_arg, false);
+  const fs_tensor &q = *q_arg, &k = *k_arg;
+  const VOLse t = v_o_lse(pl, v_arg, o_arg, lse_arg, /*written=*/true);
+  const Inputs in = gather_qkv(pl, q, k, t.v, {{&q, "q"}, {&k, "k"}, {&t.v, "v"}, {&t.o, "o"}, {&t.lse, "lse"}});
   run_plan(pl, in, [&](const auto& res) {
-    scatter_bnhd(res.o, out, pl.dtype, pl.memory);
-    scatter_lse(res.lse, lse, pl.memory);
+    scatter_bnhd(res.o, t.o, pl.dtype, pl.memory);
+    scatter_lse(res.lse, t.lse, pl.memory);
   });
   if (pl.memory == FS_DEVICE) device_synchronize();
 }
@@ -352,12 +368,7 @@ void backward(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_ar
   const Plan pl = plan_call(o, q_arg, k_arg, true);
   const Problem& p = pl.p;
   const fs_tensor &q = *q_arg, &k = *k_arg;
-  const fs_tensor& v = tensor_arg(v_arg, "v", 4, false);
-  same_shape(v, "v", {p.B, p.Nk, p.Hkv, p.d}, "k's [B, Nk, Hkv, d]");
-  const fs_tensor& out = tensor_arg(o_arg, "o", 4, false);
-  same_shape(out, "o", {p.B, p.Nq, p.Hq, p.d}, "q's [B, Nq, Hq, d]");
-  const fs_tensor& lse = tensor_arg(lse_arg, "lse", 3, false);
-  same_shape(lse, "lse", {p.B, p.Hq, p.Nq}, "[B, Hq, Nq] of q's");
+  const VOLse t = v_o_lse(pl, v_arg, o_arg, lse_arg, /*written=*/false);
   const fs_tensor& dout = tensor_arg(do_arg, "dout", 4, false);
   same_shape(dout, "dout", {p.B, p.Nq, p.Hq, p.d}, "q's [B, Nq, Hq, d]");
   const fs_tensor& dq = tensor_arg(dq_arg, "dq", 4, true);
@@ -366,15 +377,8 @@ void backward(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_ar
   same_shape(dk, "dk", {p.B, p.Nk, p.Hkv, p.d}, "k's [B, Nk, Hkv, d]");
   const fs_tensor& dv = tensor_arg(dv_arg, "dv", 4, true);
   same_shape(dv, "dv", {p.B, p.Nk, p.Hkv, p.d}, "k's [B, Nk, Hkv, d]");
-  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "o"}, {&lse, "lse"}, {&dout, "dout"},
-                                {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
-    check_memory(pl, *t, name);
-  if (pl.memory == FS_HOST) check_host_memory(pl);
-
-  Inputs in;
-  in.q = gather_bnhd(q, pl.dtype, pl.memory);
-  in.k = gather_bnhd(k, pl.dtype, pl.memory);
-  in.v = gather_bnhd(v, pl.dtype, pl.memory);
+  Inputs in = gather_qkv(pl, q, k, t.v, {{&q, "q"}, {&k, "k"}, {&t.v, "v"}, {&t.o, "o"}, {&t.lse, "lse"},
+                                         {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}});
   in.dout = gather_bnhd(dout, pl.dtype, pl.memory);
   run_plan(pl, in, [&](const auto& res) {
     scatter_bnhd(res.dq, dq, pl.dtype, pl.memory);
