@@ -31,22 +31,15 @@ namespace {
 
 // ---- device memory, through the host -------------------------------------------------------------
 
-void copy_from_device(void* host, const void* device, size_t bytes) {
+// bytes from `src` to `dst`, one of them device memory: to the device, or back to the host.
+void copy_device(void* dst, const void* src, size_t bytes, bool to_device) {
 #ifdef FA_WITH_CUDA
-  if (const cudaError_t e = cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost); e != cudaSuccess)
-    throw std::runtime_error(std::string("cudaMemcpy from the device failed: ") + cudaGetErrorString(e));
+  const cudaMemcpyKind kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  if (const cudaError_t e = cudaMemcpy(dst, src, bytes, kind); e != cudaSuccess)
+    throw std::runtime_error(std::string("cudaMemcpy ") + (to_device ? "to" : "from") + " the device failed: " +
+                             cudaGetErrorString(e));
 #else
-  (void)host, (void)device, (void)bytes;
-  throw std::runtime_error("device memory needs the GPU stages, which this build left out");
-#endif
-}
-
-void copy_to_device(void* device, const void* host, size_t bytes) {
-#ifdef FA_WITH_CUDA
-  if (const cudaError_t e = cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice); e != cudaSuccess)
-    throw std::runtime_error(std::string("cudaMemcpy to the device failed: ") + cudaGetErrorString(e));
-#else
-  (void)host, (void)device, (void)bytes;
+  (void)dst, (void)src, (void)bytes, (void)to_device;
   throw std::runtime_error("device memory needs the GPU stages, which this build left out");
 #endif
 }
@@ -74,11 +67,11 @@ class HostImage {
     int64_t elements = 1;
     for (int k = 0; k < t.ndim; ++k) elements *= t.size[k];
     copy_.resize(size_t(span_.count()) * size_t(es_));
-    if (read || elements != span_.count()) copy_from_device(copy_.data(), start_, copy_.size());
+    if (read || elements != span_.count()) copy_device(copy_.data(), start_, copy_.size(), /*to_device=*/false);
   }
   char* at(int64_t offset) { return (memory_ == FS_HOST ? start_ : copy_.data()) + (offset - span_.lo) * es_; }
   void flush() {
-    if (memory_ == FS_DEVICE) copy_to_device(start_, copy_.data(), copy_.size());
+    if (memory_ == FS_DEVICE) copy_device(start_, copy_.data(), copy_.size(), /*to_device=*/true);
   }
 
  private:
