@@ -10,9 +10,10 @@
 //                    the score, or -inf where the row does not see key j; apply_mask() runs it over a thread's
 //                    S accumulators.
 // CausalMask is the mask of the plain kernels: the causal rule (core/problem.h, sees, aligned bottom-right by
-// input_pos) and the end of K (a tile's keys past it are zero-filled by TMA). Rows past the end of Q are not
-// the mask's business: the forward never stores them, and the backward gives them LSE = +inf, so that their
-// P = exp2(s - inf) is 0 in every tile (step 5's device.cuh). Step 4e's
+// input_pos) and the end of K (a tile's keys past it are zero-filled by TMA). Rows past the end of Q: the
+// forward never stores them, so its tile test and operator() ignore them; the backward gives them LSE = +inf,
+// so that their P = exp2(s - inf) is 0 in every tile (step 5's device.cuh), and its element test visible()
+// says what an element (i, j) is: a row of Q that sees a key of K. Step 4e's
 // ScoreMods (score_mod.cuh) is the same interface with the sliding window and the value modifiers, so a kernel
 // written against it runs either; adding a mask kind is a new type with these members.
 // FA_HD (host and device): the host tests (tests/test_host_kernels.cpp) check it against brute force.
@@ -61,10 +62,10 @@ struct CausalMask {
   }
 
   // ---- the element: what a row keeps (here its index i), and the test of key j (the forward's operator()
-  // writes -inf over a hidden score; the backward's visible() selects P = 0) ----
+  // writes -inf over a hidden score; the backward's visible() selects P = 0, for rows of Q only) ----
   using Row = int;
   FA_HD Row row(int /*b*/, int /*h*/, int i) const { return i; }
-  FA_HD bool visible(Row i, int j) const { return j < p.Nk && sees(p.causal, p.input_pos, i, j); }
+  FA_HD bool visible(Row i, int j) const { return i < p.Nq && j < p.Nk && sees(p.causal, p.input_pos, i, j); }
   FA_HD float operator()(float s, Row i, int j) const {
     if (j >= p.Nk || !sees(p.causal, p.input_pos, i, j)) s = -INFINITY;
     return s;

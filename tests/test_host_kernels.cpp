@@ -145,7 +145,7 @@ TEST(TileRanges, QueryTilesOfAKeyBlockAreExactlyTheTilesThatSeeIt) {
 
 // Random tiles of random causal and non-causal problems (bottom-right alignment and around it, rows that see
 // no key included): CausalMask's tile test on the first row's diagonal is true iff some (row, key) of the
-// tile is hidden (a key past Nk, or above a row's diagonal), and its element tests are the causal rule's.
+// tile is hidden (a key past Nk, or above a row's diagonal), and its element tests are the causal rule's (for rows of Q).
 TEST(CausalMaskType, TileTestIsTrueExactlyWhenAnElementIsHidden) {
   std::mt19937 rng(11);
   int needed = 0, untouched = 0;
@@ -167,6 +167,7 @@ TEST(CausalMaskType, TileTestIsTrueExactlyWhenAnElementIsHidden) {
         ASSERT_EQ(mask(1.5f, mask.row(0, 0, i), j), vis ? 1.5f : -INFINITY);
         hidden = hidden || !vis;
       }
+    ASSERT_FALSE(mask.visible(mask.row(0, 0, p.Nq), 0));  // the element test: a row of Q (the backward's rows past it)
     EXPECT_EQ(mask.needs(mask.span(first, last), k0, cols), hidden)
         << "Nq " << p.Nq << " Nk " << p.Nk << " causal " << p.causal << " input_pos " << p.input_pos << " rows "
         << first << ".." << last << " keys " << k0 << "+" << cols;
