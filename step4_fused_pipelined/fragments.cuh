@@ -84,33 +84,34 @@ __device__ __forceinline__ void mma_two_n8(float (&c)[N][4], int np, const uint3
   ptx::mma_16816<T>(c[2 * np + 1], a, {b[2], b[3]});
 }
 
-// S [16, Bc] += Q K^T for one warp: its Q rows as A fragments (qa, every k16 step of d) against the K tile
-// [Bc, D] at k_base. For S = Q K^T, B[k][n] = K[key n][dim k]: a plain ldmatrix.x4 of key rows gives the B
-// fragments of two n8 tiles (16 keys), each feeding one mma.
-template <typename T, int Bc, int D, SmemLayout L>
-__device__ __forceinline__ void warp_qk(float (&s)[Bc / 8][4], const uint32_t (&qa)[D / 16][4], uint32_t k_base) {
+// C [16, 8 NT] += A B for one warp, the pattern of both of the forward's products: A in registers (a, one
+// fragment per k16 step), B from shared memory, two n8 tiles per load: load(b, kk, np) fills b with the B
+// fragments of k16 step kk and columns 16 np .. 16 np + 15.
+template <typename T, int KSteps, int NT, class LoadB>
+__device__ __forceinline__ void warp_mma(float (&c)[NT][4], const uint32_t (&a)[KSteps][4], LoadB&& load) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
+  for (int kk = 0; kk < KSteps; ++kk)
 #pragma unroll
-    for (int np = 0; np < Bc / 16; ++np) {
-      uint32_t kb[4];
-      load_b<Bc, L>(kb, k_base, np * 16, kk);
-      mma_two_n8<T>(s, np, qa[kk], kb);
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      load(b, kk, np);
+      mma_two_n8<T>(c, np, a[kk], b);
     }
 }
 
-// O [16, D] += P V for one warp: P as A fragments (pa, every k16 step of the Bc keys) against the V tile
-// [Bc, D] at v_base. V's rows are keys (the k dimension), so ldmatrix.trans turns them into B fragments.
+// S [16, Bc] += Q K^T: Q's rows as A fragments (qa, every k16 step of d) against the K tile [Bc, D] at k_base.
+// For S = Q K^T, B[k][n] = K[key n][dim k]: a plain ldmatrix.x4 of key rows gives the B fragments of two n8
+// tiles (16 keys).
+template <typename T, int Bc, int D, SmemLayout L>
+__device__ __forceinline__ void warp_qk(float (&s)[Bc / 8][4], const uint32_t (&qa)[D / 16][4], uint32_t k_base) {
+  warp_mma<T>(s, qa, [&](uint32_t (&kb)[4], int kk, int np) { load_b<Bc, L>(kb, k_base, np * 16, kk); });
+}
+
+// O [16, D] += P V: P as A fragments (pa, every k16 step of the Bc keys) against the V tile [Bc, D] at v_base.
+// V's rows are keys (the k dimension), so ldmatrix.trans turns them into B fragments.
 template <typename T, int Bc, int D, SmemLayout L>
 __device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const uint32_t (&pa)[Bc / 16][4], uint32_t v_base) {
-#pragma unroll
-  for (int kk = 0; kk < Bc / 16; ++kk)
-#pragma unroll
-    for (int np = 0; np < D / 16; ++np) {
-      uint32_t vb[4];
-      load_b_trans<Bc, L>(vb, v_base, kk, np * 16);
-      mma_two_n8<T>(o, np, pa[kk], vb);
-    }
+  warp_mma<T>(o, pa, [&](uint32_t (&vb)[4], int kk, int np) { load_b_trans<Bc, L>(vb, v_base, kk, np * 16); });
 }
 
 }  // namespace fa::step4
