@@ -37,7 +37,12 @@ double Problem::flops_forward() const {
     }
     return 4.0 * double(B) * double(Hq) * pairs * double(d);
   }
-  const double f = 4.0 * double(B) * double(Hq) * double(Nq) * double(Nk) * double(d);
+  double keys = double(B) * double(Nk);  // with a KV cache of ragged sequences, the keys each one holds
+  if (!cache_seqlens.empty()) {
+    keys = 0;
+    for (int64_t n : cache_seqlens) keys += double(n);
+  }
+  const double f = 4.0 * double(Hq) * double(Nq) * keys * double(d);
   return causal ? f / 2 : f;
 }
 
@@ -71,6 +76,16 @@ void Problem::validate() const {
   if (window_left < -1 || window_right < -1)
     fail("window sides must be -1 (unbounded) or a number of keys >= 0 (got " + std::to_string(window_left) + "," +
          std::to_string(window_right) + ")");
+  if (!cache_seqlens.empty()) {
+    if (int64_t(cache_seqlens.size()) != B)
+      fail("cache-seqlens must give one length per sequence of the batch (got " + std::to_string(cache_seqlens.size()) +
+           " for batch " + std::to_string(B) + ")");
+    for (int64_t n : cache_seqlens)
+      if (n < 0 || n > Nk)
+        fail("each cache-seqlens entry must be in 0 .. Nk = " + std::to_string(Nk) + ", the cache's capacity (got " +
+             std::to_string(n) + ")");
+  }
+  if (page_size < 0) fail("page-size must be a number of keys > 0, or 0 for a contiguous cache (got " + std::to_string(page_size) + ")");
   if (splits < 0 || splits > 1024) fail("splits must be in 0 .. 1024 (0: chosen from the shape; got " + std::to_string(splits) + ")");
   // Counted in double: the product of four large flags would overflow int64_t and could pass as small.
   const double max_elements = double(int64_t(1) << 34);
@@ -86,6 +101,11 @@ std::string Problem::describe() const {
     << " scale=" << scale;
   if (dropout > 0) s << " dropout=" << float_str(dropout) << " seed=" << seed;
   if (splits > 0) s << " splits=" << splits;
+  if (!cache_seqlens.empty()) {
+    s << " cache_seqlens=";
+    for (size_t b = 0; b < cache_seqlens.size(); ++b) s << (b ? "," : "") << cache_seqlens[b];
+  }
+  if (page_size > 0) s << " page_size=" << page_size;
   if (has_window()) s << " window=" << window_left << "," << window_right << (causal ? "" : " input_pos=" + std::to_string(input_pos));
   if (bias) s << " +bias";
   if (alibi) s << " +alibi";

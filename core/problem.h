@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/hd.h"
 
@@ -34,6 +35,15 @@ struct Problem {
   uint64_t seed = 0;     // seeds the inputs and the dropout mask
   bool backward = false;
   int64_t splits = 0;    // split-KV: key ranges per head processed in parallel (0: chosen from the shape)
+  // A KV cache (decoding): sequences that hold different numbers of keys, and the cache stored in pages.
+  //   cache_seqlens  sequence b's keys are the first cache_seqlens[b] of its Nk rows of K and V (Nk is then
+  //                  the cache's capacity); its queries keep their distance from its last key (input_pos
+  //                  shifts by the keys it lacks: kv_input_pos), so bottom-right stays bottom-right. Empty:
+  //                  every sequence holds Nk keys.
+  //   page_size      > 0: a GPU stage stores K and V in pages of this many keys, found through a block table
+  //                  (step 4's paged_kv.cuh); the values are those of the dense K and V. 0: contiguous.
+  std::vector<int64_t> cache_seqlens;
+  int64_t page_size = 0;
   // Score modifiers and masks (core/score_mod.h, docs/conventions.md); all off by default.
   bool bias = false;      // an additive bias [B or 1, Hq or 1, Nq, Nk] comes with the inputs (Inputs::bias)
   bool alibi = false;     // ALiBi: the standard slopes of Hq heads, or Inputs::alibi_slopes
@@ -41,6 +51,9 @@ struct Problem {
   int64_t window_left = -1, window_right = -1;  // sliding window around the diagonal; -1: unbounded
 
   int64_t group() const { return Hq / Hkv; }  // query heads per KV head (GQA)
+  bool has_kv_cache() const { return !cache_seqlens.empty() || page_size > 0; }
+  int64_t kv_len(int64_t b) const { return cache_seqlens.empty() ? Nk : cache_seqlens[size_t(b)]; }
+  int64_t kv_input_pos(int64_t b) const { return input_pos - (Nk - kv_len(b)); }
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   bool has_score_mods() const { return bias || alibi || softcap > 0.0f || has_window(); }
   // Forward FLOPs: two matrix products of 2*Nq*Nk*d each per head, halved when causal (the convention of

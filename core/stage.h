@@ -76,6 +76,9 @@ struct Supports {
   // Variants and configurations, by name ("*": every one), that take the score modifiers, --splits and
   // --backward; each also needs the stage's flag (has_score_mods, has_splits, has_backward).
   std::vector<std::string> score_mods = {"*"}, splits = {"*"}, backward = {"*"};
+  // ... and a KV cache (--cache-seqlens, --page-size; with has_kv_cache): a decoding feature, so forward
+  // only, without dropout or score modifiers, wherever a stage takes it.
+  std::vector<std::string> kv_cache = {"*"};
 };
 
 struct Stage {
@@ -85,6 +88,7 @@ struct Stage {
   bool has_backward = false;
   bool has_splits = false;  // takes --splits (split-KV decoding: step 4's forward)
   bool has_score_mods = false;  // takes --bias, --alibi, --window, --softcap (core/score_mod.h)
+  bool has_kv_cache = false;    // takes --cache-seqlens and --page-size (a decoding KV cache: step 4's 4f)
   // Runs a packed variable-length batch (--cu-seqlens-q, --cu-seqlens-k; core/varlen.h) through
   // make_varlen_runner: the varlen loop runs the stage's make() on each sequence as a dense problem.
   bool has_varlen = false;
@@ -126,7 +130,7 @@ struct Stage {
 };
 
 // Does stage s declare that `variant` runs p (Supports)? The flags come first: a feature the stage does
-// not take at all (has_backward, has_splits, has_score_mods) is refused by the command line before the
+// not take at all (has_backward, has_splits, has_score_mods, has_kv_cache) is refused by the command line before the
 // stage is asked.
 inline bool declares(const Stage& s, const Problem& p, const std::string& variant) {
   const Supports& d = s.supports;
@@ -140,6 +144,8 @@ inline bool declares(const Stage& s, const Problem& p, const std::string& varian
   if (p.backward && !(s.has_backward && named(d.backward))) return false;
   if (p.splits > 0 && !(s.has_splits && named(d.splits))) return false;
   if (p.has_score_mods() && !(s.has_score_mods && named(d.score_mods))) return false;
+  if (p.has_kv_cache() && !(s.has_kv_cache && named(d.kv_cache) && !p.backward && p.dropout == 0 && !p.has_score_mods()))
+    return false;
   return true;
 }
 

@@ -97,6 +97,14 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
                  "split-KV: the key range of each head split among this many blocks, merged at the end "
                  "(stages with a decoding path; 0 = chosen from the shape and the GPU)")
       ->capture_default_str();
+  app.add_option("--cache-seqlens", o.cache_seqlens,
+                 "a decoding KV cache whose sequences hold different numbers of keys: n0,n1,... (one per sequence, "
+                 "each 0 .. Nk; Nk is the cache's capacity); queries sit at the end of their sequence (stages with a "
+                 "KV cache: step 4's 4f)");
+  app.add_option("--page-size", p.page_size,
+                 "store the KV cache in pages of this many keys, found through a block table (a paged cache, as "
+                 "serving engines keep it; step 4's 4f: a multiple of its key tile)")
+      ->check(whole_number(1, 1 << 20));
   app.add_option("--bias", o.bias_file,
                  "add FILE (float32 .npy [B or 1, Hq or 1, Nq, Nk]) to the scores; -inf masks (stages with score "
                  "modifiers)");
@@ -199,6 +207,9 @@ void check_common_flags(const Stage& s, const CommonOptions& o) {
   if (o.problem.backward && !s.has_backward) throw std::invalid_argument(s.name + " has no backward pass (--backward)");
   if (o.problem.splits > 0 && !s.has_splits)
     throw std::invalid_argument(s.name + " has no split-KV path (--splits): step 4's forward has");
+  if ((!o.cache_seqlens.empty() || o.problem.page_size > 0) && !s.has_kv_cache)
+    throw std::invalid_argument(s.name + " has no KV-cache path (--cache-seqlens, --page-size): step 4's forward has "
+                                "(its split-KV kernel, 4f)");
   {  // score modifiers, named as given
     std::string mods;
     for (const auto& [flag, set] : {std::pair<const char*, bool>{"--bias", !o.bias_file.empty()},
@@ -304,7 +315,7 @@ static std::string shape_flags_given(const CommonOptions& o) {
   return given;
 }
 
-// The problem's dtype, seed, window and softcap from the flags (prepare_inputs and run_varlen).
+// The problem's dtype, seed, window, softcap and cache lengths from the flags (prepare_inputs and run_varlen).
 static void resolve_dtype_and_modifiers(CommonOptions& o) {
   Problem& p = o.problem;
   p.dtype = parse_dtype(o.dtype);
@@ -323,6 +334,21 @@ static void resolve_dtype_and_modifiers(CommonOptions& o) {
     if (!ok) throw std::invalid_argument("--window: expected L,R, two whole numbers (-1: unbounded), got '" + w + "'");
     p.window_left = lr[0];
     p.window_right = lr[1];
+  }
+  if (!o.cache_seqlens.empty()) {  // "n0,n1,...": whole numbers; their count and range are Problem::validate's
+    p.cache_seqlens.clear();
+    size_t at = 0;
+    while (at <= o.cache_seqlens.size()) {
+      const size_t comma = std::min(o.cache_seqlens.find(',', at), o.cache_seqlens.size());
+      int64_t n = 0;
+      const char* first = o.cache_seqlens.data() + at;
+      const char* last = o.cache_seqlens.data() + comma;
+      const auto [stop, error] = std::from_chars(first, last, n);
+      if (error != std::errc() || stop != last || first == last)
+        throw std::invalid_argument("--cache-seqlens: expected whole numbers separated by commas, got '" + o.cache_seqlens + "'");
+      p.cache_seqlens.push_back(n);
+      at = comma + 1;
+    }
   }
   if (o.softcap) {  // 0 would mean "no cap" inside a Problem; on the command line, no cap is no --softcap
     if (!(*o.softcap > 0.0f && std::isfinite(*o.softcap)))
@@ -434,6 +460,8 @@ static Problem small_problem_like(const Problem& p) {
   q.input_pos = q.Nk - q.Nq;
   q.bias = false;
   q.splits = 0;
+  q.cache_seqlens.clear();  // the estimate's problem has one sequence, holding its keys
+  q.page_size = 0;
   return q;
 }
 
@@ -542,7 +570,9 @@ static void append_json(const std::string& file, const nlohmann::json& rec) {
 // bias can mask the rest. A row that sees none has LSE = -inf (and O = 0) by the convention.
 static bool row_sees_a_key(const Problem& p, const Inputs& in, int64_t b, int64_t h, int64_t i) {
   int64_t lo, hi;
-  visible_range(score_mod_of(p), p.Nk, i, &lo, &hi);
+  ScoreMod m = score_mod_of(p);
+  m.input_pos = p.kv_input_pos(b);  // a KV cache's sequence b: its own keys, its own diagonal
+  visible_range(m, p.kv_len(b), i, &lo, &hi);
   if (lo > hi) return false;
   if (!p.bias || in.bias.empty()) return true;
   const std::vector<int64_t>& bs = in.bias.shape;  // [B or 1, Hq or 1, Nq, Nk]
@@ -732,6 +762,8 @@ int run_stage(const Stage& s, const Oracle& oracle, CommonOptions& o) {
   if (p.alibi) rec["alibi"] = o.alibi_slopes_file.empty() ? std::string("standard") : o.alibi_slopes_file;
   if (p.softcap > 0) rec["softcap"] = p.softcap;
   if (p.has_window()) rec["window"] = {p.window_left, p.window_right};
+  if (!p.cache_seqlens.empty()) rec["cache_seqlens"] = p.cache_seqlens;
+  if (p.page_size > 0) rec["page_size"] = p.page_size;
   if (!nonfinite.empty()) rec["nonfinite"] = true;
   for (const auto& [k, v] : o.record_extra) rec[k] = v;
   if (!o.dump_dir.empty()) {
@@ -804,6 +836,7 @@ int run_varlen(const Stage& s, const Oracle& oracle, CommonOptions& o, const std
                                "--window and --softcap are taken)"},
         {p.dropout > 0, "--dropout: the mask's batch coordinate in a packed batch is not defined yet"},
         {p.splits > 0, "--splits: each sequence runs whole"},
+        {!o.cache_seqlens.empty() || p.page_size > 0, "--cache-seqlens and --page-size: cu-seqlens-k gives the keys"},
         {!o.inputs_dir.empty(), "--inputs: the packed inputs are drawn at random"},
         {!o.dump_dir.empty() || !o.json_file.empty(), "--dump and --json: a packed run prints its outputs"},
         {!o.bench_against.empty() || o.tuned, "--bench-against and --tuned"}};

@@ -39,6 +39,7 @@ struct CommonOptions {
   std::optional<float> softcap;
   // A packed variable-length batch (core/varlen.h): --cu-seqlens-q and --cu-seqlens-k, "0,5,5,12".
   std::string cu_seqlens_q, cu_seqlens_k;
+  std::string cache_seqlens;  // --cache-seqlens n0,n1,...: a KV cache of ragged sequences (Problem::cache_seqlens)
   bool varlen() const { return !cu_seqlens_q.empty() || !cu_seqlens_k.empty(); }
   bool check = false, bench = false;
   bool tuned = false;  // use step 6's tuned configuration (tuning and caching it if needed)

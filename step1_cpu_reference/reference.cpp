@@ -68,6 +68,10 @@ Result<T> attention(const Problem& p, const Inputs& in, bool backward, DType emu
   // One (b, kv head) per iteration, so the GQA sums into dK/dV stay inside one thread.
   parallel_for_2d(B, Hkv, [&](int64_t b, int64_t hk) {
     const int64_t kv_off = (b * Hkv + hk) * Nk * d;
+    // A KV cache with ragged sequences: sequence b sees its first kv_len(b) keys, its diagonal shifted with them.
+    const int64_t len_b = p.kv_len(b);
+    ScoreMod mod_b = mod;
+    mod_b.input_pos = p.kv_input_pos(b);
     const Mat<T> K = ConstMapF(in.k.ptr() + kv_off, Nk, d).cast<T>();  // [Nk, d]
     const Mat<T> V = ConstMapF(in.v.ptr() + kv_off, Nk, d).cast<T>();  // [Nk, d]
     Mat<T> dK_sum = Mat<T>::Zero(Nk, d), dV_sum = Mat<T>::Zero(Nk, d);
@@ -82,8 +86,8 @@ Result<T> attention(const Problem& p, const Inputs& in, bool backward, DType emu
       const float* bias = p.bias ? bias_at(b, h) : nullptr;
       for (int64_t i = 0; i < Nq; ++i)
         for (int64_t j = 0; j < Nk; ++j) {
-          if (!visible(mod, i, j)) S(i, j) = -inf;
-          else if (modifies) S(i, j) = modify<T>(mod, S(i, j), bias ? T(bias[i * Nk + j]) : T(0), h, i, j);
+          if (j >= len_b || !visible(mod_b, i, j)) S(i, j) = -inf;
+          else if (modifies) S(i, j) = modify<T>(mod_b, S(i, j), bias ? T(bias[i * Nk + j]) : T(0), h, i, j);
         }
       if (modifies) rnd(S);
 

@@ -20,6 +20,9 @@
 // which is the state (LSE_s, 1, O_s).
 // A warp whose rows all lie past the last row (most of a tile, at decode) skips the math. The mask is a type,
 // as in 4d: with 4e's score modifiers a window narrows the tiles the splits divide.
+// The KV cache is a type too (paged_kv.h): ContiguousKv, or KvCache, whose sequences hold different numbers
+// of keys (the mask and the trip count read sequence b's own problem) and may sit in pages (each tile's TMA
+// coordinates through the block table).
 // Short tiles (at most kMergeInKernelRows rows, one per warp) skip the combine kernel: each split counts its
 // arrival in `arrivals` with a release-acquire atomic, and the last one, seeing every other split's partial
 // result in L2, merges the tile's rows with the combine's own merge_row.
@@ -37,6 +40,7 @@
 #include "step4_fused_pipelined/fragments.cuh"
 #include "step4_fused_pipelined/kernel_traits.h"
 #include "step4_fused_pipelined/mask.h"
+#include "step4_fused_pipelined/paged_kv.h"
 #include "step4_fused_pipelined/ring.cuh"
 #include "step4_fused_pipelined/scheduler.cuh"
 #include "step4_fused_pipelined/softmax.h"
@@ -61,10 +65,10 @@ struct SplitParams {
 constexpr int kMergeInKernelRows = 4;
 
 // grid = (ceil(view Nq / Br) * view Hq * B, splits), block = 32 * kWarps threads, shared memory kFwdSmemBytes<Tr>.
-template <class Tr, bool kDropout, bool kPacked, class Mask = CausalMask>
+template <class Tr, bool kDropout, bool kPacked, class Mask = CausalMask, class Kv = ContiguousKv>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     split_kv_forward(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                     const __grid_constant__ CUtensorMap tm_v, const AttnParams p, const SplitParams sp) {
+                     const __grid_constant__ CUtensorMap tm_v, const AttnParams p, const SplitParams sp, const Kv kv) {
   static_assert(!(kDropout && kPacked), "dropout draws per (head, row): packed tiles mix heads");
   using T = typename Tr::T;
   constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
@@ -79,8 +83,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const Mask mask(p);  // which keys each row sees (mask.h; 4e's ScoreMods), in positions of the problem
   const QueryTileWork w(sp.view, CausalMask(sp.view), Br, Bc, blockIdx.x);  // which tile of the view (scheduler.cuh); its n_tiles is not used
+  const auto& seq = kv.keys(p, w.b);  // the problem as sequence w.b sees it: its keys (paged_kv.h)
+  const Mask mask(seq);  // which keys each row sees (mask.h; 4e's ScoreMods), in positions of the problem
   auto pos = [&](int r) { return kPacked ? r % p.Nq : r; };  // the query row (position - input_pos) of tile row r
   // The K/V tiles the tile's rows see (the mask's trip count, from the earliest row's to the latest row's
   // positions), and this split's share.
@@ -93,8 +98,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int n_tiles = share.count();
 
   // One thread issues every TMA copy: K (or V) tile n_begin + n into its ring's slot n.
-  auto load_k = [&](int n) { k_ring.template load<typename Tr::KVTile>(n, sm.k[0], &tm_k, (n_begin + n) * Bc, w.bh_kv); };
-  auto load_v = [&](int n) { v_ring.template load<typename Tr::KVTile>(n, sm.v[0], &tm_v, (n_begin + n) * Bc, w.bh_kv); };
+  // Where tile n_begin + n lives: rows of (b, KV head), or a page of the cache's pool (paged_kv.h).
+  auto load_k = [&](int n) {
+    const KvTileAt at = kv.tile(w.b, w.bh_kv, (n_begin + n) * Bc);
+    k_ring.template load<typename Tr::KVTile>(n, sm.k[0], &tm_k, at.row, at.bh);
+  };
+  auto load_v = [&](int n) {
+    const KvTileAt at = kv.tile(w.b, w.bh_kv, (n_begin + n) * Bc);
+    v_ring.template load<typename Tr::KVTile>(n, sm.v[0], &tm_v, at.row, at.bh);
+  };
   // The producer, in iteration n >= 1: K and V tile n + kStages - 1 into the slots of tile n - 1, which every
   // warp released in its previous iteration (K after its Q K^T, V after its P V). With one slot, at the top of
   // the iteration; with more, K's and V's refills are issued at two places of the loop (below).

@@ -39,8 +39,9 @@ const std::pair<const char*, Substep> kSubsteps[] = {{"4a-padded", Substep::k4a}
                                                      {"4d-tma", Substep::k4d},
                                                      {"4e-score-mods", Substep::k4d}};
 
-// Decoding: a head's query rows fill less than one tile of the defaults, or --splits asks for split-KV.
-bool decodes(const Problem& p) { return p.splits > 0 || p.Nq < 64; }
+// Decoding: a head's query rows fill less than one tile of the defaults, --splits asks for split-KV, or the
+// keys come from a KV cache (paged_kv.h), which only the split-KV kernel reads.
+bool decodes(const Problem& p) { return p.splits > 0 || p.Nq < 64 || p.has_kv_cache(); }
 
 template <int D>
 std::string resolve(const Problem& p, const std::string& variant, int cc_major) {
@@ -89,8 +90,8 @@ std::function<void()> make_forward(const Problem& p, const AttnParams& params, c
     if (const std::optional<FwdTiles> t = tiles_named(name); t && t->copy == TileCopy::kTma)
       throw std::invalid_argument("--variant " + variant + " runs " + name + ", which loads its tiles with TMA " +
                                   "(sm_90 and later)" + here);
-    if (p.splits > 0 || p.has_score_mods())
-      throw std::invalid_argument(std::string(p.splits > 0 ? "--splits" : "the score modifiers") +
+    if (p.splits > 0 || p.has_score_mods() || p.has_kv_cache())
+      throw std::invalid_argument(std::string(p.splits > 0 ? "--splits" : p.has_kv_cache() ? "a KV cache" : "the score modifiers") +
                                   " run in 4e's and 4f's kernels, which load their tiles with TMA (sm_90 and later)" + here);
   }
   std::function<void()> f;
@@ -109,6 +110,7 @@ Stage stage() {
                 "4b-swizzle", "4c-cp-async", "4d-tma", "4e-score-mods", "4f-split-kv"};
   s.has_splits = true;
   s.has_score_mods = true;  // in 4e's and 4f's configurations (kernel_traits.h, kHasMods)
+  s.has_kv_cache = true;    // in 4f's configurations (paged_kv.h)
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});
   // The chapter's sub-steps 4a-4c and the block-order ablation are lessons, slower than 4d by design: step 6
   // does not spend time on them (the configuration test still checks every one).
@@ -133,6 +135,7 @@ Stage stage() {
   s.supports.splits = {"auto", "4f-split-kv"};
   for (const std::string& n : s.tuning_variants)
     if (is_split_kv(n)) s.supports.splits.push_back(n);
+  s.supports.kv_cache = s.supports.splits;  // what reads a KV cache: the split-KV kernel
   s.config_of = config_of;
   // Step 6 times a decode in each 4f configuration with every split count of configs.h too, beside
   // choose_splits' own choice.
@@ -156,6 +159,11 @@ Stage stage() {
     // Whether v runs 4f does not depend on the architecture (auto with --splits always does): no GPU needed.
     if (p.splits > 0 && !is_split_kv(config_of(p, v, /*cc_major=*/9)))
       return std::string("--splits needs the split-KV kernel: --variant auto, 4f-split-kv or a 4f- configuration");
+    if (p.has_kv_cache() && !is_split_kv(config_of(p, v, /*cc_major=*/9)))
+      return std::string("a KV cache (--cache-seqlens, --page-size) is read by the split-KV kernel: --variant auto, "
+                         "4f-split-kv or a 4f- configuration");
+    if (p.has_kv_cache() && (p.dropout > 0 || p.has_score_mods()))
+      return std::string("a KV cache is decoding's: 4f reads it without dropout and without score modifiers");
     if (std::string why = unsupported(p); !why.empty()) return why;
     if (p.has_score_mods() && v == "4d-tma")
       return std::string("4d-tma is the sub-step before the score modifiers (the plain mask, mask.h): run them with "

@@ -27,10 +27,64 @@
 
 namespace fa::step4 {
 
-// 4f's set-up: the packed view (grouped query heads, without dropout), the number of splits (--splits or
-// choose_splits), the workspace, and a closure that launches the split kernel, then the merge.
+// A KV cache on the device (paged_kv.h): each sequence's length, and with --page-size the pool of pages, its
+// block table and the pages filled from the dense K and V (copies, once, outside any timed region). The
+// pool's unused tail rows hold a large finite value, so that a key the mask failed to hide would show.
+struct DeviceKvCache {
+  KvCache kv;
+  std::shared_ptr<DeviceBuffer> seqlens, table, k, v;  // what kv points into
+  const void* k_base = nullptr;                          // the tensors the maps address: the pool, or dense K, V
+  const void* v_base = nullptr;
+  int64_t BH = 0, N = 0;                                 // their [BH, N, d] shape
+};
 template <class Tr>
-std::function<void()> prepare_split(const Problem& p, const AttnParams& params) {
+DeviceKvCache make_device_kv_cache(const Problem& p, const AttnParams& params) {
+  DeviceKvCache c;
+  c.kv.Hkv = int(p.Hkv);
+  c.k_base = params.k, c.v_base = params.v, c.BH = p.B * p.Hkv, c.N = p.Nk;
+  if (!p.cache_seqlens.empty()) {
+    std::vector<int> lens(p.cache_seqlens.begin(), p.cache_seqlens.end());
+    c.seqlens = std::make_shared<DeviceBuffer>(lens.size() * sizeof(int));
+    CUDA_CHECK(cudaMemcpy(c.seqlens->get(), lens.data(), lens.size() * sizeof(int), cudaMemcpyHostToDevice));
+    c.kv.seqlens = c.seqlens->template as<int>();
+  }
+  if (p.page_size == 0) return c;
+  if (p.page_size % Tr::Bc != 0)
+    throw std::invalid_argument("--page-size " + std::to_string(p.page_size) + ": " + Tr::name() + " reads K and V in tiles of " +
+                                std::to_string(Tr::Bc) + " keys, and a tile must not straddle two pages: give a multiple of " +
+                                std::to_string(Tr::Bc));
+  const PageTable t = make_page_table(p, p.seed ^ 0x9e3779b97f4a7c15ull);
+  c.table = std::make_shared<DeviceBuffer>(t.table.size() * sizeof(int32_t));
+  CUDA_CHECK(cudaMemcpy(c.table->get(), t.table.data(), t.table.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  c.kv.block_table = c.table->template as<int>();
+  c.kv.pages_per_seq = t.pages_per_seq;
+  c.kv.page_size = int(p.page_size);
+  const size_t row = size_t(p.d) * sizeof(typename Tr::T), page = size_t(p.Hkv) * size_t(p.page_size) * row;
+  for (auto* pool : {&c.k, &c.v}) {
+    *pool = std::make_shared<DeviceBuffer>(size_t(t.pages) * page);
+    CUDA_CHECK(cudaMemset((*pool)->get(), 0x7b, (*pool)->bytes()));  // 0x7b7b: 1.3e36 in bf16, 60768 in fp16
+  }
+  // Logical page n of sequence b -> its physical page: the rows of every KV head, one 2-D copy (heads are rows).
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t n = 0; n * p.page_size < p.kv_len(b); ++n) {
+      const int64_t keys = std::min(p.page_size, p.kv_len(b) - n * p.page_size);
+      const size_t from = size_t((b * p.Hkv * p.Nk + n * p.page_size)) * row;
+      const size_t to = size_t(t.table[size_t(b * t.pages_per_seq + n)]) * page;
+      for (const auto& [pool, dense] : {std::pair{c.k.get(), params.k}, std::pair{c.v.get(), params.v}})
+        CUDA_CHECK(cudaMemcpy2D(static_cast<char*>(pool->get()) + to, size_t(p.page_size) * row,
+                                static_cast<const char*>(dense) + from, size_t(p.Nk) * row, size_t(keys) * row,
+                                size_t(p.Hkv), cudaMemcpyDeviceToDevice));
+    }
+  c.k_base = c.k->get(), c.v_base = c.v->get(), c.BH = int64_t(t.pages) * p.Hkv, c.N = p.page_size;
+  return c;
+}
+
+// 4f's set-up: the packed view (grouped query heads, without dropout), the number of splits (--splits or
+// choose_splits), the workspace, the KV cache (Kv: ContiguousKv, or a KvCache and its buffers), and a
+// closure that launches the split kernel, then the merge.
+template <class Tr, class Kv>
+std::function<void()> prepare_split(const Problem& p, const AttnParams& params, const Kv& kv, const void* k_base,
+                                    const void* v_base, int64_t kv_BH, int64_t kv_N, std::shared_ptr<void> keep) {
   constexpr size_t kSmem = kFwdSmemBytes<Tr>;
   require_smem_optin(kSmem, "this config");
   using T = typename Tr::T;
@@ -44,14 +98,18 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
   }
   const int64_t blocks = (sp.view.Nq + Tr::Br - 1) / Tr::Br * sp.view.Hq * p.B;
   if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
-  decltype(&split_kv_forward<Tr, false, false>) kernel = nullptr;
-  dispatch_mods(mods_kind(p), [&](auto mods) {  // plain, or the score modifiers' kernel (score_mod.cuh)
-    constexpr int kMods = decltype(mods)::value;
-    using Mask = MaskFor<kMods>;
-    kernel = params.dropout.threshold ? split_kv_forward<Tr, true, false, Mask>
-             : packed                 ? split_kv_forward<Tr, false, true, Mask>
-                                      : split_kv_forward<Tr, false, false, Mask>;
-  });
+  decltype(&split_kv_forward<Tr, false, false, CausalMask, Kv>) kernel = nullptr;
+  if constexpr (std::is_same_v<Kv, KvCache>) {  // decoding from a cache: the plain mask, no dropout (launch.cu)
+    kernel = packed ? split_kv_forward<Tr, false, true, CausalMask, Kv> : split_kv_forward<Tr, false, false, CausalMask, Kv>;
+  } else {
+    dispatch_mods(mods_kind(p), [&](auto mods) {  // plain, or the score modifiers' kernel (score_mod.cuh)
+      constexpr int kMods = decltype(mods)::value;
+      using Mask = MaskFor<kMods>;
+      kernel = params.dropout.threshold ? split_kv_forward<Tr, true, false, Mask>
+               : packed                 ? split_kv_forward<Tr, false, true, Mask>
+                                        : split_kv_forward<Tr, false, false, Mask>;
+    });
+  }
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
   int sms = 0, dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
@@ -78,11 +136,11 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
     }
   }
   const CUtensorMap tq = make_tensor_map_bhnd(params.q, p.dtype, p.B * sp.view.Hq, sp.view.Nq, Tr::D, Tr::Br, true);
-  const CUtensorMap tk = make_tensor_map_bhnd(params.k, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, true);
-  const CUtensorMap tv = make_tensor_map_bhnd(params.v, p.dtype, p.B * p.Hkv, p.Nk, Tr::D, Tr::Bc, true);
+  const CUtensorMap tk = make_tensor_map_bhnd(k_base, p.dtype, kv_BH, kv_N, Tr::D, Tr::Bc, true);
+  const CUtensorMap tv = make_tensor_map_bhnd(v_base, p.dtype, kv_BH, kv_N, Tr::D, Tr::Bc, true);
   const unsigned combine_blocks = unsigned((sp.rows_total + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock);
   return [=] {
-    kernel<<<dim3(unsigned(blocks), unsigned(splits)), Tr::kThreads, kSmem>>>(tq, tk, tv, params, sp);
+    kernel<<<dim3(unsigned(blocks), unsigned(splits)), Tr::kThreads, kSmem>>>(tq, tk, tv, params, sp, kv);
     CUDA_CHECK_LAUNCH();
     if (splits == 1 || merge_in_kernel) return;  // O is complete
     // The combine, a programmatic dependent launch: it may start while the splits run, and waits
@@ -98,8 +156,16 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
     CUDA_CHECK(cudaLaunchKernelEx(&combine, combine_splits<T, Tr::D>, static_cast<const float*>(sp.o_part),
                                   static_cast<const float*>(sp.lse_part), splits, sp.rows_total,
                                   static_cast<T*>(params.o), params.lse));
-    (void)workspace;  // the closure owns the workspace
+    (void)workspace;  // the closure owns the workspace and the cache
+    (void)keep;
   };
+}
+template <class Tr>
+std::function<void()> prepare_split(const Problem& p, const AttnParams& params) {
+  if (!p.has_kv_cache())
+    return prepare_split<Tr>(p, params, ContiguousKv{}, params.k, params.v, p.B * p.Hkv, p.Nk, nullptr);
+  auto c = std::make_shared<DeviceKvCache>(make_device_kv_cache<Tr>(p, params));
+  return prepare_split<Tr>(p, params, c->kv, c->k_base, c->v_base, c->BH, c->N, c);
 }
 
 // 4a-4d's set-up, outside any timed region: tensor maps, the shared-memory opt-in, the launch closure.

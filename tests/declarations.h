@@ -3,7 +3,7 @@
 // refusal of a declared case; this check, host-side and without a GPU, is what makes a wrong refusal fail
 // where no grid runs (CI): on a problem p, for every variant of a stage and every tuning configuration
 // compiled for p's head dim, declared iff unsupported() returns "". What the command line refuses before
-// asking the stage (--splits or --backward on a stage without them) is left out.
+// asking the stage (--splits, --backward or a KV cache on a stage without them) is left out.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@ namespace fa {
 
 // Returns how many (stage, variant) pairs it checked on p.
 inline int expect_stage_declares_what_it_runs(const Stage& s, const Problem& p) {
-  if ((p.splits > 0 && !s.has_splits) || (p.backward && !s.has_backward)) return 0;
+  if ((p.splits > 0 && !s.has_splits) || (p.backward && !s.has_backward) || (p.has_kv_cache() && !s.has_kv_cache)) return 0;
   std::vector<std::string> names = s.variants.empty() ? std::vector<std::string>{""} : s.variants;
   for (const std::string& config : s.tuning_variants) {
     try {
