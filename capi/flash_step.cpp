@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <new>
@@ -17,6 +18,7 @@
 
 #include "capi/staging.h"
 #include "core/host_memory.h"
+#include "core/varlen.h"
 #include "harness/registry.h"
 
 namespace fa::capi {
@@ -113,6 +115,7 @@ std::string stage_names(fs_memory m) {
 // (core/stage.h, Supports) leaves out.
 std::string why_not(const Stage& s, const Problem& p, const std::string& v) {
   if (p.backward && !s.has_backward) return "it has no backward pass";
+  if (p.has_kv_cache() && !s.has_kv_cache) return "it reads no KV cache (step 4's split-KV kernel does)";
   if (std::string why = s.unsupported(p, v); !why.empty()) return why;
   if (!declares(s, p, v)) {
     const Supports& d = s.supports;
@@ -154,7 +157,14 @@ void check_memory(const Plan& pl, const fs_tensor& t, const char* name);  // bel
 
 // Checks options, q and k (v, the outputs and the gradients are checked against them by the caller) and
 // picks the stage and variant.
-Plan plan_call(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg, bool backward) {
+// `cache`, if given, adds a KV cache's lengths and page size to the problem before it is checked.
+// `varlen`: a packed batch, which only a stage with a varlen path runs (Stage::has_varlen).
+Plan plan_call(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg, bool backward,
+               const std::function<void(Problem&)>& cache = {}, bool varlen = false) {
+  auto why_not = [varlen](const Stage& s, const Problem& p, const std::string& v) -> std::string {
+    if (varlen && !s.has_varlen) return "it has no varlen path (steps 1 and 2 have)";
+    return capi::why_not(s, p, v);
+  };
   if (!o) fail(FS_INVALID_ARGUMENT, "options is NULL (fs_default_options() gives the defaults)");
   const fs_tensor& q = tensor_arg(q_arg, "q", 4, false);
   const fs_tensor& k = tensor_arg(k_arg, "k", 4, false);
@@ -196,6 +206,7 @@ Plan plan_call(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_a
   }
   p.dtype = pl.dtype == FS_BF16 ? DType::bf16 : pl.dtype == FS_FP16 ? DType::fp16 : DType::fp32;
   p.backward = backward;
+  if (cache) cache(p);
   try {
     p.validate();
   } catch (const std::invalid_argument& e) {
@@ -388,6 +399,178 @@ void backward(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_ar
   if (pl.memory == FS_DEVICE) device_synchronize();
 }
 
+// Decoding from a KV cache (fs_forward_kvcache): the pages gathered into the dense cache [B, Hkv, Nk, d]
+// (Nk = pages_per_seq * page_size) a stage takes; a sequence's pages past its length are not read.
+Tensor unpage(const Tensor& pool, const int32_t* table, int64_t B, int64_t pages_per_seq, const Problem& p) {
+  const int64_t pages = pool.shape[0], Hkv = pool.shape[1], P = pool.shape[2], d = pool.shape[3];
+  Tensor dense({B, Hkv, pages_per_seq * P, d});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n * P < p.kv_len(b); ++n) {
+      const int64_t page = table[b * pages_per_seq + n];
+      if (page < 0 || page >= pages)
+        fail(FS_INVALID_ARGUMENT, "block_table[" + std::to_string(b) + "][" + std::to_string(n) + "] is " +
+                                      std::to_string(page) + ", not a page of k_cache (0 .. " + std::to_string(pages - 1) +
+                                      "), and sequence " + std::to_string(b) + " holds " + std::to_string(p.kv_len(b)) + " keys");
+      for (int64_t h = 0; h < Hkv; ++h)
+        std::copy_n(pool.data.begin() + ((page * Hkv + h) * P) * d, P * d,
+                    dense.data.begin() + ((b * Hkv + h) * pages_per_seq * P + n * P) * d);
+    }
+  return dense;
+}
+
+void forward_kvcache(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* kc_arg, const fs_tensor* vc_arg,
+                     const int32_t* cache_seqlens, const int32_t* block_table, int32_t pages_per_seq,
+                     const fs_tensor* o_arg, const fs_tensor* lse_arg) {
+  const fs_tensor& q = tensor_arg(q_arg, "q", 4, false);
+  const fs_tensor& kc = tensor_arg(kc_arg, "k_cache", 4, false);
+  const fs_tensor& vc = tensor_arg(vc_arg, "v_cache", 4, false);
+  same_shape(vc, "v_cache", {kc.size[0], kc.size[1], kc.size[2], kc.size[3]}, "k_cache's");
+  const bool paged = block_table != nullptr;
+  if (paged && pages_per_seq <= 0)
+    fail(FS_INVALID_ARGUMENT, "pages_per_seq must be positive with a block table (got " + std::to_string(pages_per_seq) + ")");
+  const int64_t B = q.size[0], P = paged ? kc.size[1] : 0;
+  fs_tensor k_dense = kc;  // the dense cache's shape [B, Nk, Hkv, d], which the plan reads
+  if (paged) k_dense.size[0] = B, k_dense.size[1] = int64_t(pages_per_seq) * P;
+  std::vector<int64_t> lens;
+  if (cache_seqlens) lens.assign(cache_seqlens, cache_seqlens + B);
+  const Plan pl = plan_call(o, &q, &k_dense, false, [&](Problem& p) {
+    p.cache_seqlens = lens;
+    // The stage keeps the cache in pages of its own size where the kernel's tiles divide the caller's (128
+    // keys: both head dims' decode tiles), otherwise contiguous; the values are the same.
+    if (paged && P % 128 == 0) p.page_size = P;
+    if (paged && lens.empty()) p.cache_seqlens.assign(size_t(B), p.Nk);  // a table: the cache is a KV cache
+  });
+  const Problem& p = pl.p;
+  const fs_tensor& out = tensor_arg(o_arg, "o", 4, true);
+  same_shape(out, "o", {p.B, p.Nq, p.Hq, p.d}, "q's [B, Nq, Hq, d]");
+  const fs_tensor& lse = tensor_arg(lse_arg, "lse", 3, true);
+  same_shape(lse, "lse", {p.B, p.Hq, p.Nq}, "[B, Hq, Nq] of q's");
+  for (const auto& [t, name] : std::initializer_list<std::pair<const fs_tensor*, const char*>>{
+           {&q, "q"}, {&kc, "k_cache"}, {&vc, "v_cache"}, {&out, "o"}, {&lse, "lse"}})
+    check_memory(pl, *t, name);
+  if (pl.memory == FS_HOST) check_host_memory(pl);
+  Inputs in;
+  in.q = gather_bnhd(q, pl.dtype, pl.memory);
+  in.k = gather_bnhd(kc, pl.dtype, pl.memory);  // paged: [pages, Hkv, P, d] (a page as a batch entry)
+  in.v = gather_bnhd(vc, pl.dtype, pl.memory);
+  if (paged) {
+    in.k = unpage(in.k, block_table, B, pages_per_seq, p);
+    in.v = unpage(in.v, block_table, B, pages_per_seq, p);
+  }
+  run_plan(pl, in, [&](const auto& res) {
+    scatter_bnhd(res.o, out, pl.dtype, pl.memory);
+    scatter_lse(res.lse, lse, pl.memory);
+  });
+  if (pl.memory == FS_DEVICE) device_synchronize();
+}
+
+// ---- packed variable-length batches (core/varlen.h) ----
+// A packed tensor is a [1, total, H, d] view ([total, H, d], as flash_attn_varlen_func takes it, with a batch
+// of one); the stages' packed tensors are [total, H, d] row-major.
+Tensor gather_packed(const fs_tensor& t, fs_dtype dtype, fs_memory memory) {
+  const Tensor bhnd = gather_bnhd(t, dtype, memory);  // [1, H, total, d]
+  const int64_t H = bhnd.shape[1], total = bhnd.shape[2], d = bhnd.shape[3];
+  Tensor out({total, H, d});
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t r = 0; r < total; ++r)
+      std::copy_n(bhnd.data.begin() + (h * total + r) * d, d, out.data.begin() + (r * H + h) * d);
+  return out;
+}
+template <typename T>
+void scatter_packed(const TensorT<T>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory) {
+  const int64_t total = src.shape[0], H = src.shape[1], d = src.shape[2];
+  TensorT<T> bhnd({1, H, total, d});
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t r = 0; r < total; ++r)
+      std::copy_n(src.data.begin() + (r * H + h) * d, d, bhnd.data.begin() + (h * total + r) * d);
+  scatter_bnhd(bhnd, t, dtype, memory);
+}
+template <typename T>
+void scatter_packed_lse(const TensorT<T>& src, const fs_tensor& t, fs_memory memory) {  // [Hq, total] -> [1, Hq, total]
+  TensorT<T> lse({1, src.shape[0], src.shape[1]});
+  lse.data = src.data;
+  scatter_lse(lse, t, memory);
+}
+
+void varlen(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg, const fs_tensor* v_arg,
+            const int32_t* cu_q, const int32_t* cu_k, int32_t batch, const fs_tensor* o_arg, const fs_tensor* lse_arg,
+            const fs_tensor* do_arg, const fs_tensor* dq_arg, const fs_tensor* dk_arg, const fs_tensor* dv_arg) {
+  const bool backward = do_arg != nullptr || dq_arg != nullptr || dk_arg != nullptr || dv_arg != nullptr;
+  const fs_tensor& q = tensor_arg(q_arg, "q", 4, false);
+  const fs_tensor& k = tensor_arg(k_arg, "k", 4, false);
+  if (q.size[0] != 1 || k.size[0] != 1)
+    fail(FS_INVALID_ARGUMENT, "a packed batch's q and k are [1, total, H, d] (the sequences end to end), not " +
+                                  shape_of(q.size[0] == 1 ? k : q));
+  if (!cu_q || !cu_k) fail(FS_INVALID_ARGUMENT, "cu_seqlens_q and cu_seqlens_k must both be given");
+  if (batch <= 0) fail(FS_INVALID_ARGUMENT, "batch must be positive (got " + std::to_string(batch) + ")");
+  Varlen vl;
+  try {
+    vl = make_varlen(std::vector<int32_t>(cu_q, cu_q + batch + 1), std::vector<int32_t>(cu_k, cu_k + batch + 1));
+  } catch (const std::invalid_argument& e) {
+    fail(FS_INVALID_ARGUMENT, e.what());
+  }
+  if (vl.total_q() != q.size[1] || vl.total_k() != k.size[1])
+    fail(FS_INVALID_ARGUMENT, "cu_seqlens_q ends at " + std::to_string(vl.total_q()) + " and cu_seqlens_k at " +
+                                  std::to_string(vl.total_k()) + ", but q has " + std::to_string(q.size[1]) +
+                                  " rows and k " + std::to_string(k.size[1]));
+  // The plan sees the packed batch as a kernel's grid would: B sequences of the longest lengths.
+  fs_tensor qd = q, kd = k;
+  qd.size[0] = kd.size[0] = batch;
+  qd.size[1] = std::max<int64_t>(1, vl.max_seqlen_q), kd.size[1] = std::max<int64_t>(1, vl.max_seqlen_k);
+  const Plan pl = plan_call(o, &qd, &kd, backward, {}, /*varlen=*/true);
+  const Problem& p = pl.p;
+  try {
+    validate_varlen_problem(p, vl);
+  } catch (const std::invalid_argument& e) {
+    fail(FS_INVALID_ARGUMENT, e.what());
+  }
+  const fs_tensor& v = tensor_arg(v_arg, "v", 4, false);
+  same_shape(v, "v", {1, vl.total_k(), p.Hkv, p.d}, "k's [1, total_k, Hkv, d]");
+  const fs_tensor& out = tensor_arg(o_arg, "o", 4, !backward);
+  same_shape(out, "o", {1, vl.total_q(), p.Hq, p.d}, "q's [1, total_q, Hq, d]");
+  const fs_tensor& lse = tensor_arg(lse_arg, "lse", 3, !backward);
+  same_shape(lse, "lse", {1, p.Hq, vl.total_q()}, "[1, Hq, total_q] of q's");
+  std::vector<std::pair<const fs_tensor*, const char*>> all = {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "o"}, {&lse, "lse"}};
+  if (backward) {
+    const char* names[] = {"dout", "dq", "dk", "dv"};
+    const fs_tensor* args[] = {do_arg, dq_arg, dk_arg, dv_arg};
+    const std::vector<int64_t> shapes[] = {{1, vl.total_q(), p.Hq, p.d}, {1, vl.total_q(), p.Hq, p.d},
+                                           {1, vl.total_k(), p.Hkv, p.d}, {1, vl.total_k(), p.Hkv, p.d}};
+    for (int i = 0; i < 4; ++i) {
+      same_shape(tensor_arg(args[i], names[i], 4, i > 0), names[i], shapes[i], i < 2 ? "q's" : "k's");
+      all.push_back({args[i], names[i]});
+    }
+  }
+  for (const auto& [t, name] : all) check_memory(pl, *t, name);
+  Inputs in;
+  in.q = gather_packed(q, pl.dtype, pl.memory);
+  in.k = gather_packed(k, pl.dtype, pl.memory);
+  in.v = gather_packed(v, pl.dtype, pl.memory);
+  if (backward) in.dout = gather_packed(*do_arg, pl.dtype, pl.memory);
+  auto write = [&](const auto& res) {
+    if (!backward) {
+      scatter_packed(res.o, out, pl.dtype, pl.memory);
+      scatter_packed_lse(res.lse, lse, pl.memory);
+      return;
+    }
+    scatter_packed(res.dq, *dq_arg, pl.dtype, pl.memory);
+    scatter_packed(res.dk, *dk_arg, pl.dtype, pl.memory);
+    scatter_packed(res.dv, *dv_arg, pl.dtype, pl.memory);
+  };
+  try {
+    if (pl.fp64) {
+      write(varlen_oracle(reference_oracle(), vl).exact(p, in));
+    } else {
+      std::unique_ptr<Runner> runner = make_varlen_runner(*pl.stage, p, vl, in, pl.variant);
+      runner->run();
+      if (backward) runner->run_backward();
+      write(runner->outputs());
+    }
+  } catch (const std::invalid_argument& e) {
+    fail(FS_UNSUPPORTED, e.what());
+  }
+}
+
 }  // namespace
 }  // namespace fa::capi
 
@@ -440,6 +623,31 @@ fs_tensor fs_contiguous_lse(void* data, int64_t batch, int64_t heads, int64_t se
 fs_status fs_forward(const fs_options* options, const fs_tensor* q, const fs_tensor* k, const fs_tensor* v,
                      const fs_tensor* o, const fs_tensor* lse) {
   return guarded("fs_forward", [&] { forward(options, q, k, v, o, lse); });
+}
+
+fs_status fs_forward_kvcache(const fs_options* options, const fs_tensor* q, const fs_tensor* k_cache,
+                             const fs_tensor* v_cache, const int32_t* cache_seqlens, const int32_t* block_table,
+                             int32_t pages_per_seq, const fs_tensor* o, const fs_tensor* lse) {
+  return guarded("fs_forward_kvcache",
+                 [&] { forward_kvcache(options, q, k_cache, v_cache, cache_seqlens, block_table, pages_per_seq, o, lse); });
+}
+
+fs_status fs_forward_varlen(const fs_options* options, const fs_tensor* q, const fs_tensor* k, const fs_tensor* v,
+                            const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int32_t batch,
+                            const fs_tensor* o, const fs_tensor* lse) {
+  return guarded("fs_forward_varlen", [&] {
+    varlen(options, q, k, v, cu_seqlens_q, cu_seqlens_k, batch, o, lse, nullptr, nullptr, nullptr, nullptr);
+  });
+}
+
+fs_status fs_backward_varlen(const fs_options* options, const fs_tensor* q, const fs_tensor* k, const fs_tensor* v,
+                             const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int32_t batch,
+                             const fs_tensor* o, const fs_tensor* lse, const fs_tensor* dout, const fs_tensor* dq,
+                             const fs_tensor* dk, const fs_tensor* dv) {
+  return guarded("fs_backward_varlen", [&] {
+    if (!dout || !dq || !dk || !dv) fail(FS_INVALID_ARGUMENT, std::string(!dout ? "dout" : !dq ? "dq" : !dk ? "dk" : "dv") + " is NULL");
+    varlen(options, q, k, v, cu_seqlens_q, cu_seqlens_k, batch, o, lse, dout, dq, dk, dv);
+  });
 }
 
 fs_status fs_backward(const fs_options* options, const fs_tensor* q, const fs_tensor* k, const fs_tensor* v,

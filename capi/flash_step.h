@@ -22,7 +22,7 @@ extern "C" {
 
 /* The interface's version: the major number changes when a call or a struct changes incompatibly. */
 #define FS_VERSION_MAJOR 1
-#define FS_VERSION_MINOR 0
+#define FS_VERSION_MINOR 1
 #define FS_VERSION (FS_VERSION_MAJOR * 1000 + FS_VERSION_MINOR)
 
 #if defined(__GNUC__)
@@ -86,6 +86,33 @@ FS_API fs_tensor fs_contiguous_lse(void* data, int64_t batch, int64_t heads, int
  * h reads KV head h / (Hq / Hkv) (GQA, MQA). A row that sees no key gets O = 0 and LSE = -inf. */
 FS_API fs_status fs_forward(const fs_options* options, const fs_tensor* q, const fs_tensor* k, const fs_tensor* v,
                             const fs_tensor* o, const fs_tensor* lse);
+
+/* Forward from a KV cache, as FlashAttention's flash_attn_with_kvcache decodes: sequence b holds
+ * cache_seqlens[b] keys (NULL: every sequence is full) and its Nq queries are its last positions (causal is
+ * bottom-right in each sequence). Without a block table, k_cache and v_cache are [B, Nk, Hkv, d], Nk the
+ * capacity. With one, they are a pool of pages [num_pages, page_size, Hkv, d] (FlashAttention's paged layout)
+ * and block_table [B, pages_per_seq] says which page holds keys n * page_size .. (n + 1) * page_size - 1 of
+ * sequence b; entries past a sequence's length are not read. cache_seqlens and block_table are host arrays of
+ * int32. In this version the keys are gathered (copied) into the stage's own cache, which step 4's split-KV
+ * kernel reads in pages of page_size keys when 128 divides it (docs/interface.md). Device memory only: no
+ * CPU stage reads a KV cache. */
+FS_API fs_status fs_forward_kvcache(const fs_options* options, const fs_tensor* q, const fs_tensor* k_cache,
+                                    const fs_tensor* v_cache, const int32_t* cache_seqlens,
+                                    const int32_t* block_table, int32_t pages_per_seq, const fs_tensor* o,
+                                    const fs_tensor* lse);
+
+/* A packed variable-length batch, as flash_attn_varlen_func takes it: the sequences end to end, q and o
+ * [1, total_q, Hq, d], k, v [1, total_k, Hkv, d] (a batch of one), the LSE [1, Hq, total_q];
+ * cu_seqlens_q and cu_seqlens_k (host int32, batch + 1 entries each, from 0) say where each sequence starts.
+ * Sequence b's queries see only its own keys, causal bottom-right in them. The CPU stages run it (steps 1
+ * and 2: core/varlen.h), sequence by sequence. The backward's O and LSE are checked, not read. */
+FS_API fs_status fs_forward_varlen(const fs_options* options, const fs_tensor* q, const fs_tensor* k,
+                                   const fs_tensor* v, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                   int32_t batch, const fs_tensor* o, const fs_tensor* lse);
+FS_API fs_status fs_backward_varlen(const fs_options* options, const fs_tensor* q, const fs_tensor* k,
+                                    const fs_tensor* v, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                    int32_t batch, const fs_tensor* o, const fs_tensor* lse, const fs_tensor* dout,
+                                    const fs_tensor* dq, const fs_tensor* dk, const fs_tensor* dv);
 
 /* Backward: dQ, dK, dV from dO, with the O and LSE of the forward. dK and dV are summed over the query heads
  * of their KV head. In this version the stage recomputes O and LSE with its own forward (the stage interface

@@ -12,6 +12,7 @@
 
 #include "capi/flash_step.h"
 #include "core/random.h"
+#include "core/varlen.h"
 #include "harness/registry.h"
 #include "step1_cpu_reference/reference.h"
 
@@ -403,6 +404,107 @@ TEST(Capi, EveryErrorIsAStatusAndAMessage) {
     EXPECT_NE(std::string(fs_last_error()).find("runs on the GPU: it takes device pointers"), std::string::npos)
         << fs_last_error();
   }
+}
+
+// A packed variable-length batch ([1, total, H, d] views, cu_seqlens): the same values as each sequence run
+// alone through fs_forward / fs_backward (fp64: step 1 both ways), empty sequences included; and in fp32 on
+// the default stage. Its own errors say what is wrong.
+TEST(Capi, VarlenIsEachSequenceAlone) {
+  Problem p = small_problem(true, true);
+  const Varlen vl = varlen_from_lengths({5, 0, 7, 3}, {9, 4, 7, 0});
+  p.B = vl.batch();
+  const Inputs in = random_packed_inputs(p, vl);  // [total, H, d] row-major: a contiguous [1, total, H, d] view
+  const int64_t Hq = p.Hq, Hkv = p.Hkv, d = p.d, tq = vl.total_q(), tk = vl.total_k();
+  auto buffer = [](const Tensor& t, int64_t H, int64_t d_) {
+    Buffer<double> b;
+    b.data.assign(t.data.begin(), t.data.end());
+    b.view = fs_contiguous(b.data.data(), 1, int64_t(t.size()) / (H * d_), H, d_);
+    return b;
+  };
+  auto q = buffer(in.q, Hq, d), k = buffer(in.k, Hkv, d), v = buffer(in.v, Hkv, d), dout = buffer(in.dout, Hq, d);
+  auto o = output<double>(1, tq, Hq, d), lse = output<double>(1, tq, Hq, d, true);
+  auto dq = output<double>(1, tq, Hq, d), dk = output<double>(1, tk, Hkv, d), dv = output<double>(1, tk, Hkv, d);
+  const fs_options opt = options_of(p, FS_FP64);
+  std::vector<int32_t> cq = vl.cu_seqlens_q, ck = vl.cu_seqlens_k;
+  ASSERT_EQ(fs_forward_varlen(&opt, &q.view, &k.view, &v.view, cq.data(), ck.data(), int32_t(p.B), &o.view, &lse.view), FS_OK)
+      << fs_last_error();
+  ASSERT_EQ(fs_backward_varlen(&opt, &q.view, &k.view, &v.view, cq.data(), ck.data(), int32_t(p.B), &o.view, &lse.view,
+                               &dout.view, &dq.view, &dk.view, &dv.view), FS_OK) << fs_last_error();
+  // Sequence b alone: its rows of each packed view (an offset, the same strides).
+  auto rows = [](const Buffer<double>& b, int64_t r0, int64_t n) {
+    fs_tensor t = b.view;
+    t.data = const_cast<double*>(b.data.data()) + r0 * t.stride[1];
+    t.size[1] = n;
+    return t;
+  };
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t q0 = cq[b], k0 = ck[b], Lq = vl.len_q(b), Lk = vl.len_k(b);
+    if (Lq == 0) continue;
+    const fs_tensor qb = rows(q, q0, Lq), ob_packed = rows(o, q0, Lq), dqb_packed = rows(dq, q0, Lq);
+    if (Lk == 0) {  // no keys: O = 0, LSE = -inf, dQ = 0
+      for (int64_t i = 0; i < Lq * Hq * d; ++i) EXPECT_EQ(o.data[size_t(q0 * Hq * d + i)], 0.0) << "sequence " << b;
+      for (int64_t h = 0; h < Hq; ++h) EXPECT_EQ(lse.data[size_t(h * tq + q0)], -INFINITY) << "sequence " << b;
+      continue;
+    }
+    const fs_tensor kb = rows(k, k0, Lk), vb = rows(v, k0, Lk), dob = rows(dout, q0, Lq);
+    auto ob = output<double>(1, Lq, Hq, d), lb = output<double>(1, Lq, Hq, d, true);
+    auto dqb = output<double>(1, Lq, Hq, d), dkb = output<double>(1, Lk, Hkv, d), dvb = output<double>(1, Lk, Hkv, d);
+    ASSERT_EQ(fs_forward(&opt, &qb, &kb, &vb, &ob.view, &lb.view), FS_OK) << fs_last_error();
+    ASSERT_EQ(fs_backward(&opt, &qb, &kb, &vb, &ob.view, &lb.view, &dob, &dqb.view, &dkb.view, &dvb.view), FS_OK);
+    EXPECT_LE(max_diff(from_api<double>(ob_packed), from_api<double>(ob.view)), 1e-12) << "O of sequence " << b;
+    EXPECT_LE(max_diff(from_api<double>(dqb_packed), from_api<double>(dqb.view)), 1e-12) << "dQ of sequence " << b;
+    EXPECT_LE(max_diff(from_api<double>(rows(dk, k0, Lk)), from_api<double>(dkb.view)), 1e-12) << "dK of sequence " << b;
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < Lq; ++i)
+        EXPECT_NEAR(lse.data[size_t(h * tq + q0 + i)], lb.data[size_t(h * Lq + i)], 1e-12) << "LSE of sequence " << b;
+  }
+  // fp32 on the default stage: it runs (the values are step 2's varlen tests' business)
+  std::vector<float> qf(in.q.data), kf(in.k.data), vf(in.v.data), of(size_t(tq * Hq * d)), lf(size_t(Hq * tq));
+  fs_tensor qv = fs_contiguous(qf.data(), 1, tq, Hq, d), kv = fs_contiguous(kf.data(), 1, tk, Hkv, d),
+            vv = fs_contiguous(vf.data(), 1, tk, Hkv, d), ov = fs_contiguous(of.data(), 1, tq, Hq, d),
+            lv = fs_contiguous_lse(lf.data(), 1, Hq, tq);
+  const fs_options f32 = options_of(p, FS_FP32);
+  EXPECT_EQ(fs_forward_varlen(&f32, &qv, &kv, &vv, cq.data(), ck.data(), int32_t(p.B), &ov, &lv), FS_OK) << fs_last_error();
+  // errors
+  EXPECT_EQ(fs_forward_varlen(&f32, &qv, &kv, &vv, cq.data(), ck.data(), 3, &ov, &lv), FS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_last_error()).find("cu_seqlens_q ends at"), std::string::npos) << fs_last_error();
+  fs_tensor q2 = qv;
+  q2.size[0] = 2;
+  EXPECT_EQ(fs_forward_varlen(&f32, &q2, &kv, &vv, cq.data(), ck.data(), int32_t(p.B), &ov, &lv), FS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_last_error()).find("[1, total, H, d]"), std::string::npos) << fs_last_error();
+  std::vector<int32_t> bad = cq;
+  bad[2] = bad[1] - 1;  // decreasing
+  EXPECT_EQ(fs_forward_varlen(&f32, &qv, &kv, &vv, bad.data(), ck.data(), int32_t(p.B), &ov, &lv), FS_INVALID_ARGUMENT);
+  fs_options on_step3 = f32;
+  on_step3.stage = "step1_cpu_reference";
+  on_step3.dtype = FS_FP32;
+  EXPECT_EQ(fs_forward_varlen(&on_step3, &qv, &kv, &vv, cq.data(), ck.data(), int32_t(p.B), &ov, &lv), FS_OK) << fs_last_error();
+}
+
+// Decoding from a KV cache: its checks, and no CPU stage takes it (step 4's split-KV kernel reads it; the GPU
+// run is tested from Python, python/tests/test_torch.py, against SDPA).
+TEST(Capi, KvCacheIsCheckedAndRefusedOnTheHost) {
+  const Problem p = small_problem(false, true);
+  const Inputs in = random_inputs(p);
+  auto q = to_api<float>(in.q), k = to_api<float>(in.k), v = to_api<float>(in.v);
+  auto o = output<float>(p.B, p.Nq, p.Hq, p.d), lse = output<float>(p.B, p.Nq, p.Hq, p.d, true);
+  const fs_options good = options_of(p, FS_FP32);
+  const std::vector<int32_t> lens(size_t(p.B), int32_t(p.Nk - 1)), table(size_t(p.B), 0);
+  EXPECT_EQ(fs_forward_kvcache(&good, &q.view, &k.view, &v.view, lens.data(), nullptr, 0, &o.view, &lse.view), FS_UNSUPPORTED);
+  EXPECT_NE(std::string(fs_last_error()).find("it reads no KV cache (step 4's split-KV kernel does)"), std::string::npos)
+      << fs_last_error();
+  EXPECT_EQ(fs_forward_kvcache(&good, &q.view, &k.view, &v.view, lens.data(), table.data(), 0, &o.view, &lse.view),
+            FS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_last_error()).find("pages_per_seq must be positive"), std::string::npos) << fs_last_error();
+  fs_tensor v_short = v.view;
+  v_short.size[1] -= 1;
+  EXPECT_EQ(fs_forward_kvcache(&good, &q.view, &k.view, &v_short, lens.data(), nullptr, 0, &o.view, &lse.view),
+            FS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_last_error()).find("v_cache has size"), std::string::npos) << fs_last_error();
+  const std::vector<int32_t> too_long(size_t(p.B), int32_t(p.Nk + 1));
+  EXPECT_EQ(fs_forward_kvcache(&good, &q.view, &k.view, &v.view, too_long.data(), nullptr, 0, &o.view, &lse.view),
+            FS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_last_error()).find("cache's capacity"), std::string::npos) << fs_last_error();
 }
 
 // The last error belongs to the thread that made the call, and a call that succeeds clears it.

@@ -75,6 +75,13 @@ def lib():
     so.fs_last_error.argtypes = []
     so.fs_forward.restype = ctypes.c_int
     so.fs_forward.argtypes = [O, T, T, T, T, T]
+    i32p = ctypes.POINTER(ctypes.c_int32)
+    so.fs_forward_kvcache.restype = ctypes.c_int
+    so.fs_forward_kvcache.argtypes = [O, T, T, T, i32p, i32p, i32, T, T]
+    so.fs_forward_varlen.restype = ctypes.c_int
+    so.fs_forward_varlen.argtypes = [O, T, T, T, i32p, i32p, i32, T, T]
+    so.fs_backward_varlen.restype = ctypes.c_int
+    so.fs_backward_varlen.argtypes = [O, T, T, T, i32p, i32p, i32, T, T, T, T, T, T]
     so.fs_backward.restype = ctypes.c_int
     so.fs_backward.argtypes = [O, T, T, T, T, T, T, T, T, T]
     so.fs_resolve.restype = ctypes.c_int
@@ -125,6 +132,30 @@ def options(dtype, memory, causal, scale, stage, variant):
 
 def forward(opts, q, k, v, o, lse):
     check(lib().fs_forward(ctypes.byref(opts), *(ctypes.byref(t) for t in (q, k, v, o, lse))))
+
+
+def forward_kvcache(opts, q, k_cache, v_cache, cache_seqlens, block_table, pages_per_seq, o, lse):
+    """cache_seqlens, block_table: host int32 addresses (or None), as fs_forward_kvcache takes them."""
+    i32p = ctypes.POINTER(ctypes.c_int32)
+    lens = ctypes.cast(cache_seqlens, i32p) if cache_seqlens else None
+    table = ctypes.cast(block_table, i32p) if block_table else None
+    check(lib().fs_forward_kvcache(ctypes.byref(opts), ctypes.byref(q), ctypes.byref(k_cache), ctypes.byref(v_cache),
+                                   lens, table, int(pages_per_seq), ctypes.byref(o), ctypes.byref(lse)))
+
+
+def _i32(address):
+    return ctypes.cast(address, ctypes.POINTER(ctypes.c_int32))
+
+
+def forward_varlen(opts, q, k, v, cu_q, cu_k, batch, o, lse):
+    """cu_q, cu_k: host int32 addresses of batch + 1 offsets each; q, k, v, o: [1, total, H, d] views."""
+    check(lib().fs_forward_varlen(ctypes.byref(opts), ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), _i32(cu_q),
+                                  _i32(cu_k), int(batch), ctypes.byref(o), ctypes.byref(lse)))
+
+
+def backward_varlen(opts, q, k, v, cu_q, cu_k, batch, o, lse, dout, dq, dk, dv):
+    check(lib().fs_backward_varlen(ctypes.byref(opts), ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), _i32(cu_q),
+                                   _i32(cu_k), int(batch), *(ctypes.byref(t) for t in (o, lse, dout, dq, dk, dv))))
 
 
 def backward(opts, q, k, v, o, lse, dout, dq, dk, dv):

@@ -117,6 +117,122 @@ def _backward(ctx, dout, _dlse):
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("flash_step::attention_with_kvcache", mutates_args=())
+def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              cache_seqlens: Optional[torch.Tensor], block_table: Optional[torch.Tensor], causal: bool,
+                              scale: float, stage: Optional[str],
+                              variant: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+    _same_kind([q, k_cache, v_cache], ["q", "k_cache", "v_cache"])
+    B, Nq, Hq, d = q.shape
+    o = torch.empty((B, Nq, Hq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Nq), dtype=_lse_dtype(q), device=q.device)
+    # The lengths and the table are host arrays of int32 for the C interface.
+    lens = None if cache_seqlens is None else cache_seqlens.to("cpu", torch.int32).contiguous()
+    table = None if block_table is None else block_table.to("cpu", torch.int32).contiguous()
+    if lens is not None and lens.shape != (B,):
+        raise ValueError(f"cache_seqlens has shape {tuple(lens.shape)}: one length per sequence, ({B},)")
+    if table is not None and (table.dim() != 2 or table.shape[0] != B):
+        raise ValueError(f"block_table has shape {tuple(table.shape)}: [B, pages per sequence], B = {B}")
+    with _on_device(q):
+        _lib.forward_kvcache(_options(q, causal, scale, stage, variant), _view(q), _view(k_cache), _view(v_cache),
+                             None if lens is None else lens.data_ptr(), None if table is None else table.data_ptr(),
+                             0 if table is None else table.shape[1], _view(o), _view(lse))
+    return o, lse
+
+
+@attention_with_kvcache_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, stage, variant):
+    B, Nq, Hq, d = q.shape
+    return q.new_empty((B, Nq, Hq, d)), q.new_empty((B, Hq, Nq), dtype=_lse_dtype(q))
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal=True, scale=None,
+                           stage=None, variant=None, return_lse=False):
+    as_tensor = lambda x: x if x is None or isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.int32)
+    o, lse = attention_with_kvcache_op(q, k_cache, v_cache, as_tensor(cache_seqlens), as_tensor(block_table),
+                                       bool(causal), float(scale or 0.0), stage, variant)
+    return (o, lse) if return_lse else o
+
+
+def _host_i32(x, name):
+    t = torch.as_tensor(x).to("cpu", torch.int32).contiguous()
+    if t.dim() != 1 or t.numel() < 2:
+        raise ValueError(f"{name} must list batch + 1 offsets, from 0 (got shape {tuple(t.shape)})")
+    return t
+
+
+def _packed_view(t, name):
+    if t.dim() != 3:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}: a packed batch is [total, H, d]")
+    return _view(t.unsqueeze(0))
+
+
+@torch.library.custom_op("flash_step::attention_varlen_forward", mutates_args=())
+def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                             cu_seqlens_k: torch.Tensor, causal: bool, scale: float, stage: Optional[str],
+                             variant: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+    cq, ck = _host_i32(cu_seqlens_q, "cu_seqlens_q"), _host_i32(cu_seqlens_k, "cu_seqlens_k")
+    total, Hq, d = q.shape
+    o = torch.empty((total, Hq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((1, Hq, total), dtype=_lse_dtype(q), device=q.device)
+    with _on_device(q):
+        _lib.forward_varlen(_options(q, causal, scale, stage, variant), _packed_view(q, "q"), _packed_view(k, "k"),
+                            _packed_view(v, "v"), cq.data_ptr(), ck.data_ptr(), cq.numel() - 1, _packed_view(o, "o"),
+                            _view(lse))
+    return o, lse[0]
+
+
+@attention_varlen_forward.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, stage, variant):
+    total, Hq, d = q.shape
+    return q.new_empty((total, Hq, d)), q.new_empty((Hq, total), dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("flash_step::attention_varlen_backward", mutates_args=())
+def attention_varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                              lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, causal: bool,
+                              scale: float, stage: Optional[str],
+                              variant: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    cq, ck = _host_i32(cu_seqlens_q, "cu_seqlens_q"), _host_i32(cu_seqlens_k, "cu_seqlens_k")
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    with _on_device(q):
+        _lib.backward_varlen(_options(q, causal, scale, stage, variant), _packed_view(q, "q"), _packed_view(k, "k"),
+                             _packed_view(v, "v"), cq.data_ptr(), ck.data_ptr(), cq.numel() - 1, _packed_view(o, "o"),
+                             _view(lse.unsqueeze(0)), _packed_view(dout.contiguous(), "dout"), _packed_view(dq, "dq"),
+                             _packed_view(dk, "dk"), _packed_view(dv, "dv"))
+    return dq, dk, dv
+
+
+@attention_varlen_backward.register_fake
+def _(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, causal, scale, stage, variant):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, causal, scale, stage, variant = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.args = (causal, scale, stage, variant)
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_backward(ctx, dout, _dlse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = attention_varlen_backward(dout, q, k, v, o, lse, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+attention_varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None, stage=None, variant=None,
+                     return_lse=False):
+    as_i32 = lambda x: x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    o, lse = attention_varlen_forward(q, k, v, as_i32(cu_seqlens_q), as_i32(cu_seqlens_k), bool(causal),
+                                      float(scale or 0.0), stage, variant)
+    return (o, lse) if return_lse else o
+
+
 def attention(q, k, v, causal=False, scale=None, stage=None, variant=None, return_lse=False):
     o, lse = attention_forward(q, k, v, bool(causal), float(scale or 0.0), stage, variant)
     return (o, lse) if return_lse else o

@@ -97,6 +97,39 @@ class Strides(unittest.TestCase):
             np.testing.assert_array_equal(got, want)
 
 
+class Varlen(unittest.TestCase):
+    def test_each_sequence_as_if_alone(self):
+        """A packed batch ([total, H, d], cu_seqlens) gives each sequence what the dense call gives it alone
+        (fp64: the reference), empty sequences included; the backward's gradients too."""
+        lq, lk, Hq, Hkv, d = [5, 0, 7, 3], [9, 4, 7, 0], 4, 2, 16
+        cq, ck = np.concatenate([[0], np.cumsum(lq)]), np.concatenate([[0], np.cumsum(lk)])
+        rng = np.random.default_rng(3)
+        q, dout = (rng.standard_normal((cq[-1], Hq, d)) + 0.5 for _ in range(2))
+        k, v = (rng.standard_normal((ck[-1], Hkv, d)) + 0.5 for _ in range(2))
+        scale = float(np.float32(0.3))
+        o, lse = flash_step.attention_varlen(q, k, v, cq, ck, causal=True, scale=scale, return_lse=True)
+        dq, dk, dv = flash_step.attention_varlen_backward(dout, q, k, v, o, lse, cq, ck, causal=True, scale=scale)
+        self.assertEqual((o.shape, lse.shape, dq.shape, dk.shape), (q.shape, (Hq, cq[-1]), q.shape, k.shape))
+        for b in range(len(lq)):
+            sq, sk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+            if lq[b] == 0:
+                continue
+            if lk[b] == 0:
+                self.assertTrue(np.all(o[sq] == 0) and np.all(lse[:, sq] == -np.inf) and np.all(dq[sq] == 0))
+                continue
+            one = lambda x, s: np.ascontiguousarray(x[s][None])  # noqa: E731  [1, L, H, d]
+            ob, lb = flash_step.attention(one(q, sq), one(k, sk), one(v, sk), causal=True, scale=scale, return_lse=True)
+            gb = flash_step.attention_backward(one(dout, sq), one(q, sq), one(k, sk), one(v, sk), ob, lb, causal=True,
+                                               scale=scale)
+            self.assertLess(ref.max_error(o[sq], ob[0]), 1e-12, f"O of sequence {b}")
+            self.assertLess(ref.max_error(lse[:, sq], lb[0]), 1e-12, f"LSE of sequence {b}")
+            for name, g, gr in zip(("dQ", "dK", "dV"), (dq[sq], dk[sk], dv[sk]), gb):
+                self.assertLess(ref.max_error(g, gr[0]), 1e-12, f"{name} of sequence {b}")
+        with self.assertRaises(flash_step.FlashStepError) as c:
+            flash_step.attention_varlen(q, k, v, cq[:-1], ck[:-1])
+        self.assertIn("cu_seqlens", str(c.exception))
+
+
 class Interface(unittest.TestCase):
     def test_version_stages_and_defaults(self):
         self.assertEqual(flash_step.version() // 1000, 1)
@@ -134,6 +167,9 @@ class Interface(unittest.TestCase):
         raises(TypeError, "give them one dtype", lambda: flash_step.attention(q, k.astype(np.float64), v))
         raises(TypeError, "not a numpy array", lambda: flash_step.attention(q.tolist(), k, v))
         raises(ValueError, "attention takes [B, N, H, d]", lambda: flash_step.attention(q[0], k[0], v[0]))
+        e = raises(flash_step.FlashStepError, "reads no KV cache",  # the CPU stages: a cache is decoding's, on the GPU
+                   lambda: flash_step.attention_with_kvcache(q, k, v, cache_seqlens=[8, 5]))
+        self.assertEqual(e.status_name, "FS_UNSUPPORTED")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,22 @@ class TorchCpu(unittest.TestCase, Check):
             for causal in (False, True):
                 self.check(dtype, "cpu", Nq=40, Nk=56, d=16, causal=causal)
 
+    def test_varlen_autograd_is_the_c_backward(self):
+        """The varlen op's autograd reaches fs_backward_varlen: the same gradients as the numpy call."""
+        torch.manual_seed(3)
+        cq, ck = [0, 5, 5, 12], [0, 9, 13, 20]
+        q, dout = torch.randn(12, 4, 16, dtype=torch.float64), torch.randn(12, 4, 16, dtype=torch.float64)
+        k, v = torch.randn(20, 2, 16, dtype=torch.float64), torch.randn(20, 2, 16, dtype=torch.float64)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o = flash_step.attention_varlen(*leaves, cq, ck, causal=True)
+        o.backward(dout)
+        o_np, lse_np = flash_step.attention_varlen(q.numpy(), k.numpy(), v.numpy(), cq, ck, causal=True, return_lse=True)
+        grads = flash_step.attention_varlen_backward(dout.numpy(), q.numpy(), k.numpy(), v.numpy(), o_np, lse_np, cq, ck,
+                                                     causal=True)
+        self.assertTrue(torch.equal(o.detach(), torch.from_numpy(o_np)))
+        for leaf, g in zip(leaves, grads):
+            self.assertTrue(torch.equal(leaf.grad, torch.from_numpy(g)))
+
     def test_op_is_registered_with_its_schema(self):
         from flash_step import _torch  # noqa: F401  (what a first torch call imports: it registers the ops)
         self.assertTrue(hasattr(torch.ops.flash_step, "attention_forward"))
@@ -139,6 +155,39 @@ class TorchGpu(unittest.TestCase, Check):
         with self.assertRaises(flash_step.FlashStepError) as c:  # step 4 has no backward
             flash_step.attention(q.contiguous().requires_grad_(), k, v, stage="step4_fused_pipelined").sum().backward()
         self.assertIn("no backward", str(c.exception))
+
+    def test_kvcache_ragged_and_paged_against_sdpa(self):
+        """Decoding from a cache: each sequence's O against SDPA on its own keys (fp32, same rounded inputs),
+        under the rule; the paged pool (FlashAttention's layout, pages shuffled) gives the contiguous bits."""
+        torch.manual_seed(2)
+        B, Nq, Hq, Hkv, d, P = 3, 1, 8, 2, 128, 256
+        lens = [1000, 1, 517]
+        cap = 4 * P
+        make = lambda *shape: (torch.randn(*shape, device="cuda") + 0.5).to(torch.bfloat16)  # noqa: E731
+        q, k, v = make(B, Nq, Hq, d), make(B, cap, Hkv, d), make(B, cap, Hkv, d)
+        o = flash_step.attention_with_kvcache(q, k, v, cache_seqlens=lens)
+        for b, n in enumerate(lens):
+            qb, kb, vb = q[b:b + 1].float(), k[b:b + 1, :n].float(), v[b:b + 1, :n].float()
+            ref = sdpa(qb, kb, vb, True, d ** -0.5)
+            base = naive(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], True, d ** -0.5).float()
+            err, base_err = (o[b:b + 1].float() - ref).abs().max().item(), (base - ref).abs().max().item()
+            self.assertLessEqual(err, 2 * base_err + 1e-5 * max(1.0, ref.abs().max().item()), f"sequence {b}")
+        # The same cache in shuffled pages of P keys: pool [pages, P, Hkv, d], table [B, cap / P].
+        pages = B * cap // P
+        perm = torch.randperm(pages)
+        table = perm.view(B, cap // P).to(torch.int32)
+        k_pool = torch.empty(pages, P, Hkv, d, device="cuda", dtype=torch.bfloat16)
+        v_pool = torch.empty_like(k_pool)
+        k_pool[perm] = k.reshape(pages, P, Hkv, d)
+        v_pool[perm] = v.reshape(pages, P, Hkv, d)
+        o_paged = flash_step.attention_with_kvcache(q, k_pool, v_pool, cache_seqlens=lens, block_table=table)
+        self.assertTrue(torch.equal(o_paged, o))
+        self.assertEqual(flash_step.resolve(q, k)[0] != "", True)
+        with self.assertRaises(flash_step.FlashStepError) as c:  # a table entry that is no page of the pool
+            bad = table.clone()
+            bad[0, 0] = pages
+            flash_step.attention_with_kvcache(q, k_pool, v_pool, cache_seqlens=lens, block_table=bad)
+        self.assertIn("not a page of k_cache", str(c.exception))
 
     def test_refusals(self):
         q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
