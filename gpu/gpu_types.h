@@ -19,6 +19,25 @@ namespace fa {
 constexpr size_t kSm120SmemBytes = 99 * 1024;
 constexpr size_t kSm90SmemBytes = 227 * 1024;
 
+// What a block may opt into on the architecture a device pass compiles for: 227 KB on sm_90 and sm_100,
+// 163 KB on sm_80 and sm_87, 99 KB on the others (sm_86, sm_89, sm_120). The host pass takes the largest.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870)
+constexpr size_t kArchSmemBytes = 163 * 1024;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 900 && __CUDA_ARCH__ != 1000 && __CUDA_ARCH__ != 1030
+constexpr size_t kArchSmemBytes = kSm120SmemBytes;
+#else
+constexpr size_t kArchSmemBytes = kSm90SmemBytes;
+#endif
+
+// The first statement of a kernel template whose block needs `bytes` of shared memory. Where the architecture
+// cannot give them, the kernel is a trap and the compiler drops the rest of its body: nothing is compiled that
+// cannot run there (the host refuses the launch first: require_smem_optin). Elsewhere it is no code at all.
+#define FA_KERNEL_NEEDS_SMEM(bytes)            \
+  if constexpr ((bytes) > ::fa::kArchSmemBytes) { \
+    __trap();                                   \
+    return;                                     \
+  }
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

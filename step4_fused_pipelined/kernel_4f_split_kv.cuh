@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kSTiles = Bc / 8;  // n8 tiles of S
   constexpr int kOTiles = D / 8;   // n8 tiles of O
 
+  FA_KERNEL_NEEDS_SMEM(kFwdSmemBytes<Tr>);  // more than this GPU's blocks may have: a trap (gpu/gpu_types.h)
   extern __shared__ uint8_t smem_raw[];
   FwdSmem<Tr>& sm = *reinterpret_cast<FwdSmem<Tr>*>(align_1024(smem_raw));
   const TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};

@@ -94,6 +94,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kNDq = Tr::kWarpDq / 8;         // n8 tiles of head dim per warp   (dQ)
   const AttnParams& p = bp.a;
 
+  FA_KERNEL_NEEDS_SMEM(AtomicSmem<Tr>::kBytes());  // more than this GPU's blocks may have: a trap (gpu/gpu_types.h)
   extern __shared__ uint8_t smem_raw[];
   AtomicSmem<Tr>& sm = *reinterpret_cast<AtomicSmem<Tr>*>(step4::align_1024(smem_raw));
   const step4::TmaRing<kStages> ring{sm.full, sm.empty};  // the Q/dO ring

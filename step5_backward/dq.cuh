@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kDTiles = D / 8;   // n8 tiles of dQ (head-dim columns)
   const AttnParams& p = bp.a;
 
+  FA_KERNEL_NEEDS_SMEM(DqSmem<Tr>::kBytes());  // more than this GPU's blocks may have: a trap (gpu/gpu_types.h)
   extern __shared__ uint8_t smem_raw[];
   DqSmem<Tr>& sm = *reinterpret_cast<DqSmem<Tr>*>(step4::align_1024(smem_raw));
   const step4::TmaRing<kStages> ring{sm.full, sm.empty};  // the K/V ring
