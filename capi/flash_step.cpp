@@ -115,7 +115,7 @@ std::string stage_names(fs_memory m) {
 // (core/stage.h, Supports) leaves out.
 std::string why_not(const Stage& s, const Problem& p, const std::string& v) {
   if (p.backward && !s.has_backward) return "it has no backward pass";
-  if (p.has_kv_cache() && !s.has_kv_cache) return "it reads no KV cache (step 4's split-KV kernel does)";
+  if (p.has_kv_cache() && !s.has_kv_cache) return "it reads no KV cache (step 4's split-KV kernel and step 1 do)";
   if (std::string why = s.unsupported(p, v); !why.empty()) return why;
   if (!declares(s, p, v)) {
     const Supports& d = s.supports;
@@ -437,7 +437,7 @@ void forward_kvcache(const fs_options* o, const fs_tensor* q_arg, const fs_tenso
     p.cache_seqlens = lens;
     // The stage keeps the cache in pages of its own size where the kernel's tiles divide the caller's (128
     // keys: both head dims' decode tiles), otherwise contiguous; the values are the same.
-    if (paged && P % 128 == 0) p.page_size = P;
+    if (paged && P % 128 == 0 && o && o->memory == FS_DEVICE) p.page_size = P;
     if (paged && lens.empty()) p.cache_seqlens.assign(size_t(B), p.Nk);  // a table: the cache is a KV cache
   });
   const Problem& p = pl.p;

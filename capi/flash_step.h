@@ -94,8 +94,8 @@ FS_API fs_status fs_forward(const fs_options* options, const fs_tensor* q, const
  * and block_table [B, pages_per_seq] says which page holds keys n * page_size .. (n + 1) * page_size - 1 of
  * sequence b; entries past a sequence's length are not read. cache_seqlens and block_table are host arrays of
  * int32. In this version the keys are gathered (copied) into the stage's own cache, which step 4's split-KV
- * kernel reads in pages of page_size keys when 128 divides it (docs/interface.md). Device memory only: no
- * CPU stage reads a KV cache. */
+ * kernel reads in pages of page_size keys when 128 divides it (docs/interface.md). Host memory: step 1 reads
+ * the gathered cache (fp32, or fp64: the reference). */
 FS_API fs_status fs_forward_kvcache(const fs_options* options, const fs_tensor* q, const fs_tensor* k_cache,
                                     const fs_tensor* v_cache, const int32_t* cache_seqlens,
                                     const int32_t* block_table, int32_t pages_per_seq, const fs_tensor* o,

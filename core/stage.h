@@ -77,8 +77,10 @@ struct Supports {
   // --backward; each also needs the stage's flag (has_score_mods, has_splits, has_backward).
   std::vector<std::string> score_mods = {"*"}, splits = {"*"}, backward = {"*"};
   // ... and a KV cache (--cache-seqlens, --page-size; with has_kv_cache): a decoding feature, so forward
-  // only, without dropout or score modifiers, wherever a stage takes it.
+  // only, without dropout or score modifiers, wherever a stage takes it. kv_pages: it takes the cache in
+  // pages too (--page-size: a GPU layout; step 1, the oracle, reads the lengths of a dense cache only).
   std::vector<std::string> kv_cache = {"*"};
+  bool kv_pages = true;
 };
 
 struct Stage {
@@ -88,7 +90,7 @@ struct Stage {
   bool has_backward = false;
   bool has_splits = false;  // takes --splits (split-KV decoding: step 4's forward)
   bool has_score_mods = false;  // takes --bias, --alibi, --window, --softcap (core/score_mod.h)
-  bool has_kv_cache = false;    // takes --cache-seqlens and --page-size (a decoding KV cache: step 4's 4f)
+  bool has_kv_cache = false;    // takes --cache-seqlens (and --page-size where kv_pages): step 4's 4f, step 1
   // Runs a packed variable-length batch (--cu-seqlens-q, --cu-seqlens-k; core/varlen.h) through
   // make_varlen_runner: the varlen loop runs the stage's make() on each sequence as a dense problem.
   bool has_varlen = false;
@@ -146,6 +148,7 @@ inline bool declares(const Stage& s, const Problem& p, const std::string& varian
   if (p.has_score_mods() && !(s.has_score_mods && named(d.score_mods))) return false;
   if (p.has_kv_cache() && !(s.has_kv_cache && named(d.kv_cache) && !p.backward && p.dropout == 0 && !p.has_score_mods()))
     return false;
+  if (p.page_size > 0 && !d.kv_pages) return false;
   return true;
 }
 

@@ -209,7 +209,7 @@ void check_common_flags(const Stage& s, const CommonOptions& o) {
     throw std::invalid_argument(s.name + " has no split-KV path (--splits): step 4's forward has");
   if ((!o.cache_seqlens.empty() || o.problem.page_size > 0) && !s.has_kv_cache)
     throw std::invalid_argument(s.name + " has no KV-cache path (--cache-seqlens, --page-size): step 4's forward has "
-                                "(its split-KV kernel, 4f)");
+                                "(its split-KV kernel, 4f), and step 1 reads the lengths");
   {  // score modifiers, named as given
     std::string mods;
     for (const auto& [flag, set] : {std::pair<const char*, bool>{"--bias", !o.bias_file.empty()},

@@ -204,7 +204,15 @@ Stage stage() {
   s.has_backward = true;
   s.has_score_mods = true;
   s.has_varlen = true;  // a packed batch, sequence by sequence (core/varlen.h)
-  s.unsupported = [](const Problem&, const std::string&) { return std::string(); };
+  // A KV cache's ragged lengths (the oracle of step 4's decoding), dense: pages are a GPU layout.
+  s.has_kv_cache = true;
+  s.supports.kv_pages = false;
+  s.unsupported = [](const Problem& p, const std::string&) {
+    if (p.page_size > 0) return std::string("--page-size: pages are a GPU layout; step 1 reads the cache dense (drop it)");
+    if (p.has_kv_cache() && (p.backward || p.dropout > 0 || p.has_score_mods()))
+      return std::string("a KV cache is decoding's: forward only, without dropout or score modifiers");
+    return std::string();
+  };
   s.make = [](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
     return std::make_unique<CpuRunner>(p, in);
   };

@@ -481,30 +481,84 @@ TEST(Capi, VarlenIsEachSequenceAlone) {
   EXPECT_EQ(fs_forward_varlen(&on_step3, &qv, &kv, &vv, cq.data(), ck.data(), int32_t(p.B), &ov, &lv), FS_OK) << fs_last_error();
 }
 
-// Decoding from a KV cache: its checks, and no CPU stage takes it (step 4's split-KV kernel reads it; the GPU
-// run is tested from Python, python/tests/test_torch.py, against SDPA).
-TEST(Capi, KvCacheIsCheckedAndRefusedOnTheHost) {
-  const Problem p = small_problem(false, true);
+// Decoding from a KV cache on the host (step 1, fp64): a ragged cache gives each sequence what the dense call
+// gives it on its own keys, and the same cache in shuffled pages (FlashAttention's layout, a block table) the
+// same values; the checks of the arguments, the table included. (The GPU run: python/tests/test_torch.py.)
+TEST(Capi, KvCacheIsEachSequenceOnItsKeys) {
+  Problem p = small_problem(true, false);
+  p.Nq = 3, p.Nk = 32;  // a capacity of 32 keys: 4 pages of 8
+  p.input_pos = p.Nk - p.Nq;
   const Inputs in = random_inputs(p);
-  auto q = to_api<float>(in.q), k = to_api<float>(in.k), v = to_api<float>(in.v);
-  auto o = output<float>(p.B, p.Nq, p.Hq, p.d), lse = output<float>(p.B, p.Nq, p.Hq, p.d, true);
-  const fs_options good = options_of(p, FS_FP32);
-  const std::vector<int32_t> lens(size_t(p.B), int32_t(p.Nk - 1)), table(size_t(p.B), 0);
-  EXPECT_EQ(fs_forward_kvcache(&good, &q.view, &k.view, &v.view, lens.data(), nullptr, 0, &o.view, &lse.view), FS_UNSUPPORTED);
-  EXPECT_NE(std::string(fs_last_error()).find("it reads no KV cache (step 4's split-KV kernel does)"), std::string::npos)
+  auto q = to_api<double>(in.q), k = to_api<double>(in.k), v = to_api<double>(in.v);
+  auto o = output<double>(p.B, p.Nq, p.Hq, p.d), lse = output<double>(p.B, p.Nq, p.Hq, p.d, true);
+  const fs_options opt = options_of(p, FS_FP64);
+  const std::vector<int32_t> lens = {20, 7};
+  ASSERT_EQ(fs_forward_kvcache(&opt, &q.view, &k.view, &v.view, lens.data(), nullptr, 0, &o.view, &lse.view), FS_OK)
       << fs_last_error();
-  EXPECT_EQ(fs_forward_kvcache(&good, &q.view, &k.view, &v.view, lens.data(), table.data(), 0, &o.view, &lse.view),
+  for (int64_t b = 0; b < p.B; ++b) {  // sequence b alone: its queries against its first lens[b] keys
+    auto rows = [&](const fs_tensor& t, int64_t n) {
+      fs_tensor s_ = t;
+      s_.data = static_cast<double*>(t.data) + b * t.stride[0];
+      s_.size[0] = 1, s_.size[1] = n;
+      return s_;
+    };
+    const fs_tensor qb = rows(q.view, p.Nq), kb = rows(k.view, lens[size_t(b)]), vb = rows(v.view, lens[size_t(b)]);
+    auto ob = output<double>(1, p.Nq, p.Hq, p.d), lb = output<double>(1, p.Nq, p.Hq, p.d, true);
+    ASSERT_EQ(fs_forward(&opt, &qb, &kb, &vb, &ob.view, &lb.view), FS_OK) << fs_last_error();
+    EXPECT_LE(max_diff(from_api<double>(rows(o.view, p.Nq)), from_api<double>(ob.view)), 1e-12) << "sequence " << b;
+  }
+  // The same cache in pages of 8 keys: pool [pages, 8, Hkv, d], logical page n of sequence b at table[b][n].
+  const int64_t P = 8, per_seq = p.Nk / P, pages = p.B * per_seq + 1;  // a spare page: page 0 is never used
+  std::vector<double> kp(size_t(pages * P * p.Hkv * p.d), NAN), vp(kp.size(), NAN);
+  std::vector<int32_t> table(size_t(p.B * per_seq));
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t n = 0; n < per_seq; ++n) {
+      const int64_t page = 1 + (n * p.B + b);  // interleaved: a sequence's pages are not neighbours
+      table[size_t(b * per_seq + n)] = int32_t(page);
+      const size_t row = size_t(p.Hkv * p.d);
+      for (int64_t r = 0; r < P; ++r)
+        for (size_t e = 0; e < row; ++e) {
+          kp[size_t((page * P + r)) * row + e] = k.data[size_t((b * p.Nk + n * P + r)) * row + e];
+          vp[size_t((page * P + r)) * row + e] = v.data[size_t((b * p.Nk + n * P + r)) * row + e];
+        }
+    }
+  const fs_tensor kpv = fs_contiguous(kp.data(), pages, P, p.Hkv, p.d), vpv = fs_contiguous(vp.data(), pages, P, p.Hkv, p.d);
+  auto op = output<double>(p.B, p.Nq, p.Hq, p.d), lp = output<double>(p.B, p.Nq, p.Hq, p.d, true);
+  ASSERT_EQ(fs_forward_kvcache(&opt, &q.view, &kpv, &vpv, lens.data(), table.data(), int32_t(per_seq), &op.view, &lp.view),
+            FS_OK) << fs_last_error();
+  EXPECT_EQ(max_diff(from_api<double>(op.view), from_api<double>(o.view)), 0.0) << "paged against ragged";
+  EXPECT_EQ(max_diff(from_api<double>(lp.view), from_api<double>(lse.view)), 0.0);
+
+  // the checks
+  std::vector<int32_t> bad = table;
+  bad[1] = int32_t(pages);  // sequence 0's second page (keys 8 .. 15: within its 20)
+  EXPECT_EQ(fs_forward_kvcache(&opt, &q.view, &kpv, &vpv, lens.data(), bad.data(), int32_t(per_seq), &op.view, &lp.view),
+            FS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_last_error()).find("block_table[0][1] is 9, not a page of k_cache (0 .. 8)"), std::string::npos)
+      << fs_last_error();
+  bad = table;
+  bad[3] = -1;  // sequence 0's fourth page (keys 24 .. 31: past its 20): never read
+  EXPECT_EQ(fs_forward_kvcache(&opt, &q.view, &kpv, &vpv, lens.data(), bad.data(), int32_t(per_seq), &op.view, &lp.view),
+            FS_OK) << fs_last_error();
+  EXPECT_EQ(fs_forward_kvcache(&opt, &q.view, &kpv, &vpv, lens.data(), table.data(), 0, &op.view, &lp.view),
             FS_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fs_last_error()).find("pages_per_seq must be positive"), std::string::npos) << fs_last_error();
   fs_tensor v_short = v.view;
   v_short.size[1] -= 1;
-  EXPECT_EQ(fs_forward_kvcache(&good, &q.view, &k.view, &v_short, lens.data(), nullptr, 0, &o.view, &lse.view),
+  EXPECT_EQ(fs_forward_kvcache(&opt, &q.view, &k.view, &v_short, lens.data(), nullptr, 0, &o.view, &lse.view),
             FS_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fs_last_error()).find("v_cache has size"), std::string::npos) << fs_last_error();
   const std::vector<int32_t> too_long(size_t(p.B), int32_t(p.Nk + 1));
-  EXPECT_EQ(fs_forward_kvcache(&good, &q.view, &k.view, &v.view, too_long.data(), nullptr, 0, &o.view, &lse.view),
+  EXPECT_EQ(fs_forward_kvcache(&opt, &q.view, &k.view, &v.view, too_long.data(), nullptr, 0, &o.view, &lse.view),
             FS_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fs_last_error()).find("cache's capacity"), std::string::npos) << fs_last_error();
+  fs_options on_step2 = options_of(p, FS_FP32, "step2_online_softmax");
+  std::vector<float> qf(in.q.data), kf(in.k.data), vf(in.v.data), of(size_t(p.B * p.Nq * p.Hq * p.d)), lf(size_t(p.B * p.Hq * p.Nq));
+  fs_tensor qv = fs_contiguous(qf.data(), p.B, p.Nq, p.Hq, p.d), kv = fs_contiguous(kf.data(), p.B, p.Nk, p.Hkv, p.d),
+            vv = fs_contiguous(vf.data(), p.B, p.Nk, p.Hkv, p.d), ov = fs_contiguous(of.data(), p.B, p.Nq, p.Hq, p.d),
+            lv = fs_contiguous_lse(lf.data(), p.B, p.Hq, p.Nq);
+  EXPECT_EQ(fs_forward_kvcache(&on_step2, &qv, &kv, &vv, lens.data(), nullptr, 0, &ov, &lv), FS_UNSUPPORTED);
+  EXPECT_NE(std::string(fs_last_error()).find("it reads no KV cache"), std::string::npos) << fs_last_error();
 }
 
 // The last error belongs to the thread that made the call, and a call that succeeds clears it.

@@ -109,8 +109,8 @@ TEST(GridDeclarations, KvCacheCasesAgreeWithRefusals) {
   }
 }
 
-// What a KV cache is refused with: a variant that is not the split-KV kernel, dropout, score modifiers; and
-// every other GPU stage has none (has_kv_cache).
+// What a KV cache is refused with: a variant that is not the split-KV kernel, dropout, score modifiers; the
+// other GPU stages have none (has_kv_cache), step 1 reads it dense.
 TEST(KvCacheRefusals, SayWhy) {
   const Stage& s = find_stage("step4_fused_pipelined");
   Problem p = kv_problem(cases()[0]);
@@ -122,8 +122,15 @@ TEST(KvCacheRefusals, SayWhy) {
   Problem capped = p;
   capped.softcap = 30.0f;
   EXPECT_NE(s.unsupported(capped, "auto").find("score modifiers"), std::string::npos);
-  for (const char* other : {"step1_cpu_reference", "step2_online_softmax", "step3_naive_kernel", "step5_backward"})
+  for (const char* other : {"step2_online_softmax", "step3_naive_kernel", "step5_backward"})
     EXPECT_FALSE(find_stage(other).has_kv_cache) << other;
+  // Step 1, the oracle, reads a ragged cache dense and refuses pages (a GPU layout), as it declares.
+  const Stage& oracle = find_stage("step1_cpu_reference");
+  Problem ragged = p;
+  ragged.page_size = 0;
+  EXPECT_TRUE(declares(oracle, ragged, "") && oracle.unsupported(ragged, "").empty());
+  EXPECT_FALSE(declares(oracle, p, ""));
+  EXPECT_NE(oracle.unsupported(p, "").find("pages are a GPU layout"), std::string::npos);
 }
 
 // The page table: each sequence gets ceil(len / P) pages, every used page of the pool exactly once, the

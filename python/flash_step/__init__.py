@@ -62,8 +62,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, block_table=
     """O [B, Nq, Hq, d] of q against a KV cache, as flash_attn_with_kvcache decodes: sequence b holds
     cache_seqlens[b] keys (None: all), its queries are its last positions (causal: bottom-right in each
     sequence). k_cache, v_cache: [B, Nk, Hkv, d], or with block_table [B, pages per sequence] a pool of pages
-    [pages, page_size, Hkv, d]. CUDA tensors: step 4's split-KV kernel (no CPU stage reads a cache). No
-    autograd: a decoding step."""
+    [pages, page_size, Hkv, d]. CUDA tensors: step 4's split-KV kernel; numpy arrays: step 1, the reference.
+    No autograd: a decoding step."""
     if _is_torch(q):
         from . import _torch
         return _torch.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, stage,

@@ -55,7 +55,7 @@ def attention(q, k, v, causal=False, scale=None, stage=None, variant=None, retur
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal=True, scale=None,
                            stage=None, variant=None, return_lse=False):
-    """Through the C interface like the rest; no CPU stage reads a KV cache, so the library says which does."""
+    """Through the C interface like the rest: step 1 reads the cache (gathered from its pages), fp32 or fp64."""
     np = _np()
     code, (qv, kv, vv) = _inputs(np, [q, k_cache, v_cache], ["q", "k_cache", "v_cache"])
     B, Nq, Hq, d = q.shape

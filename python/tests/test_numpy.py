@@ -130,6 +130,26 @@ class Varlen(unittest.TestCase):
         self.assertIn("cu_seqlens", str(c.exception))
 
 
+class KvCache(unittest.TestCase):
+    def test_ragged_and_paged_caches_are_each_sequence_on_its_keys(self):
+        """On the host, step 1 reads a KV cache (fp64: the reference): sequence b's queries against its first
+        cache_seqlens[b] keys, causal bottom-right; the same cache in shuffled pages gives the same values."""
+        B, Nq, cap, Hq, Hkv, d, P = 3, 2, 24, 4, 2, 16, 8
+        q, k, v = ref.random_inputs((B, Nq, Hq, d), (B, cap, Hkv, d), seed=5, dtype=np.float64)
+        lens = [24, 9, 2]
+        o = flash_step.attention_with_kvcache(q, k, v, cache_seqlens=lens)
+        for b, n in enumerate(lens):
+            ob = flash_step.attention(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal=True)
+            self.assertLess(ref.max_error(o[b:b + 1], ob), 1e-12, f"sequence {b}")
+        per_seq = cap // P
+        order = np.random.default_rng(1).permutation(B * per_seq)  # logical page i lives in physical page order[i]
+        k_pool, v_pool = np.empty((B * per_seq, P, Hkv, d)), np.empty((B * per_seq, P, Hkv, d))
+        k_pool[order], v_pool[order] = k.reshape(-1, P, Hkv, d), v.reshape(-1, P, Hkv, d)
+        table = order.reshape(B, per_seq).astype(np.int32)
+        o_paged = flash_step.attention_with_kvcache(q, k_pool, v_pool, cache_seqlens=lens, block_table=table)
+        self.assertTrue(np.array_equal(o_paged, o))
+
+
 class Interface(unittest.TestCase):
     def test_version_stages_and_defaults(self):
         self.assertEqual(flash_step.version() // 1000, 1)
@@ -167,8 +187,8 @@ class Interface(unittest.TestCase):
         raises(TypeError, "give them one dtype", lambda: flash_step.attention(q, k.astype(np.float64), v))
         raises(TypeError, "not a numpy array", lambda: flash_step.attention(q.tolist(), k, v))
         raises(ValueError, "attention takes [B, N, H, d]", lambda: flash_step.attention(q[0], k[0], v[0]))
-        e = raises(flash_step.FlashStepError, "reads no KV cache",  # the CPU stages: a cache is decoding's, on the GPU
-                   lambda: flash_step.attention_with_kvcache(q, k, v, cache_seqlens=[8, 5]))
+        e = raises(flash_step.FlashStepError, "reads no KV cache",  # step 2 has no KV-cache path (step 1 has)
+                   lambda: flash_step.attention_with_kvcache(q, k, v, cache_seqlens=[8, 5], stage="step2_online_softmax"))
         self.assertEqual(e.status_name, "FS_UNSUPPORTED")
 
 
