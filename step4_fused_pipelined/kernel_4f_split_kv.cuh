@@ -98,8 +98,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int n_begin = share.begin;   // this split's first K/V tile
   const int n_tiles = share.count();
 
-  // One thread issues every TMA copy: K (or V) tile n_begin + n into its ring's slot n.
-  // Where tile n_begin + n lives: rows of (b, KV head), or a page of the cache's pool (paged_kv.h).
+  // One thread issues every TMA copy: K (or V) tile n_begin + n into its ring's slot n, from where the cache
+  // keeps it (rows of (b, KV head), or a page of the pool: paged_kv.h).
   auto load_k = [&](int n) {
     const KvTileAt at = kv.tile(w.b, w.bh_kv, (n_begin + n) * Bc);
     k_ring.template load<typename Tr::KVTile>(n, sm.k[0], &tm_k, at.row, at.bh);
