@@ -337,14 +337,21 @@ void run_plan(const Plan& pl, const Inputs& in, Write&& write) {
 struct VOLse {
   const fs_tensor &v, &o, &lse;
 };
-VOLse v_o_lse(const Plan& pl, const fs_tensor* v_arg, const fs_tensor* o_arg, const fs_tensor* lse_arg, bool written) {
+// o [B, Nq, Hq, d] and the LSE [B, Hq, Nq] of a call, checked against q's shape.
+std::pair<const fs_tensor&, const fs_tensor&> o_lse(const Plan& pl, const fs_tensor* o_arg, const fs_tensor* lse_arg,
+                                                    bool written) {
   const Problem& p = pl.p;
-  const fs_tensor& v = tensor_arg(v_arg, "v", 4, false);
-  same_shape(v, "v", {p.B, p.Nk, p.Hkv, p.d}, "k's [B, Nk, Hkv, d]");
   const fs_tensor& out = tensor_arg(o_arg, "o", 4, written);
   same_shape(out, "o", {p.B, p.Nq, p.Hq, p.d}, "q's [B, Nq, Hq, d]");
   const fs_tensor& lse = tensor_arg(lse_arg, "lse", 3, written);
   same_shape(lse, "lse", {p.B, p.Hq, p.Nq}, "[B, Hq, Nq] of q's");
+  return {out, lse};
+}
+VOLse v_o_lse(const Plan& pl, const fs_tensor* v_arg, const fs_tensor* o_arg, const fs_tensor* lse_arg, bool written) {
+  const Problem& p = pl.p;
+  const fs_tensor& v = tensor_arg(v_arg, "v", 4, false);
+  same_shape(v, "v", {p.B, p.Nk, p.Hkv, p.d}, "k's [B, Nk, Hkv, d]");
+  const auto [out, lse] = o_lse(pl, o_arg, lse_arg, written);
   return {v, out, lse};
 }
 
@@ -441,18 +448,9 @@ void forward_kvcache(const fs_options* o, const fs_tensor* q_arg, const fs_tenso
     if (paged && lens.empty()) p.cache_seqlens.assign(size_t(B), p.Nk);  // a table: the cache is a KV cache
   });
   const Problem& p = pl.p;
-  const fs_tensor& out = tensor_arg(o_arg, "o", 4, true);
-  same_shape(out, "o", {p.B, p.Nq, p.Hq, p.d}, "q's [B, Nq, Hq, d]");
-  const fs_tensor& lse = tensor_arg(lse_arg, "lse", 3, true);
-  same_shape(lse, "lse", {p.B, p.Hq, p.Nq}, "[B, Hq, Nq] of q's");
-  for (const auto& [t, name] : std::initializer_list<std::pair<const fs_tensor*, const char*>>{
-           {&q, "q"}, {&kc, "k_cache"}, {&vc, "v_cache"}, {&out, "o"}, {&lse, "lse"}})
-    check_memory(pl, *t, name);
-  if (pl.memory == FS_HOST) check_host_memory(pl);
-  Inputs in;
-  in.q = gather_bnhd(q, pl.dtype, pl.memory);
-  in.k = gather_bnhd(kc, pl.dtype, pl.memory);  // paged: [pages, Hkv, P, d] (a page as a batch entry)
-  in.v = gather_bnhd(vc, pl.dtype, pl.memory);
+  const auto [out, lse] = o_lse(pl, o_arg, lse_arg, /*written=*/true);
+  // K and V gathered as they lie: paged, [pages, Hkv, P, d] (a page as a batch entry), then unpaged.
+  Inputs in = gather_qkv(pl, q, kc, vc, {{&q, "q"}, {&kc, "k_cache"}, {&vc, "v_cache"}, {&out, "o"}, {&lse, "lse"}});
   if (paged) {
     in.k = unpage(in.k, block_table, B, pages_per_seq, p);
     in.v = unpage(in.v, block_table, B, pages_per_seq, p);
@@ -464,34 +462,7 @@ void forward_kvcache(const fs_options* o, const fs_tensor* q_arg, const fs_tenso
   if (pl.memory == FS_DEVICE) device_synchronize();
 }
 
-// ---- packed variable-length batches (core/varlen.h) ----
-// A packed tensor is a [1, total, H, d] view ([total, H, d], as flash_attn_varlen_func takes it, with a batch
-// of one); the stages' packed tensors are [total, H, d] row-major.
-Tensor gather_packed(const fs_tensor& t, fs_dtype dtype, fs_memory memory) {
-  const Tensor bhnd = gather_bnhd(t, dtype, memory);  // [1, H, total, d]
-  const int64_t H = bhnd.shape[1], total = bhnd.shape[2], d = bhnd.shape[3];
-  Tensor out({total, H, d});
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t r = 0; r < total; ++r)
-      std::copy_n(bhnd.data.begin() + (h * total + r) * d, d, out.data.begin() + (r * H + h) * d);
-  return out;
-}
-template <typename T>
-void scatter_packed(const TensorT<T>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory) {
-  const int64_t total = src.shape[0], H = src.shape[1], d = src.shape[2];
-  TensorT<T> bhnd({1, H, total, d});
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t r = 0; r < total; ++r)
-      std::copy_n(src.data.begin() + (r * H + h) * d, d, bhnd.data.begin() + (h * total + r) * d);
-  scatter_bnhd(bhnd, t, dtype, memory);
-}
-template <typename T>
-void scatter_packed_lse(const TensorT<T>& src, const fs_tensor& t, fs_memory memory) {  // [Hq, total] -> [1, Hq, total]
-  TensorT<T> lse({1, src.shape[0], src.shape[1]});
-  lse.data = src.data;
-  scatter_lse(lse, t, memory);
-}
-
+// ---- packed variable-length batches (core/varlen.h): [1, total, H, d] views (capi/staging.h) ----
 void varlen(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg, const fs_tensor* v_arg,
             const int32_t* cu_q, const int32_t* cu_k, int32_t batch, const fs_tensor* o_arg, const fs_tensor* lse_arg,
             const fs_tensor* do_arg, const fs_tensor* dq_arg, const fs_tensor* dk_arg, const fs_tensor* dv_arg) {
@@ -550,7 +521,7 @@ void varlen(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg,
   auto write = [&](const auto& res) {
     if (!backward) {
       scatter_packed(res.o, out, pl.dtype, pl.memory);
-      scatter_packed_lse(res.lse, lse, pl.memory);
+      scatter_lse(res.lse, lse, pl.memory);  // [Hq, total_q] into [1, Hq, total_q]
       return;
     }
     scatter_packed(res.dq, *dq_arg, pl.dtype, pl.memory);

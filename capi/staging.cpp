@@ -124,10 +124,30 @@ void stage_order(const fs_tensor& t, int64_t n[4], int64_t s[4]) {
   }
 }
 
+// How a view's elements line up with a stage's tensor: [B, N, H, d] as [B, H, N, d] (stage_order), a
+// 4-D view in its own order (a packed batch: [1, total, H, d] as [total, H, d]), or a 3-D LSE as it is.
+enum class Order { kStages, kView, kLse };
+void order_of(const fs_tensor& t, Order order, int64_t n[4], int64_t s[4]) {
+  for (int k = 0; k < 4; ++k) {
+    n[k] = k < t.ndim ? t.size[k] : 1;
+    s[k] = k < t.ndim ? t.stride[k] : 0;
+  }
+  if (order == Order::kStages) stage_order(t, n, s);
+}
+
+Tensor gather(const fs_tensor& t, fs_dtype dtype, fs_memory memory, Order order, std::vector<int64_t> shape) {
+  int64_t n[4], s[4];
+  order_of(t, order, n, s);
+  Tensor out(std::move(shape));
+  HostImage image(t, element_bytes(dtype), memory, /*read=*/true);
+  for_each_element(n, s, [&](size_t i, int64_t off) { out.data[i] = load(image.at(off), dtype); });
+  return out;
+}
+
 template <typename T>
-void scatter(const TensorT<T>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory, bool bnhd) {
-  int64_t n[4] = {t.size[0], t.size[1], t.size[2], 1}, s[4] = {t.stride[0], t.stride[1], t.stride[2], 0};
-  if (bnhd) stage_order(t, n, s);
+void scatter(const TensorT<T>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory, Order order) {
+  int64_t n[4], s[4];
+  order_of(t, order, n, s);
   if (TensorT<T>::count({n[0], n[1], n[2], n[3]}) != src.size())
     throw std::logic_error("a stage's output has " + std::to_string(src.size()) + " elements, the view " +
                            std::to_string(TensorT<T>::count({n[0], n[1], n[2], n[3]})));
@@ -139,25 +159,29 @@ void scatter(const TensorT<T>& src, const fs_tensor& t, fs_dtype dtype, fs_memor
 }  // namespace
 
 Tensor gather_bnhd(const fs_tensor& t, fs_dtype dtype, fs_memory memory) {
-  int64_t n[4], s[4];
-  stage_order(t, n, s);
-  Tensor out({n[0], n[1], n[2], n[3]});
-  HostImage image(t, element_bytes(dtype), memory, /*read=*/true);
-  for_each_element(n, s, [&](size_t i, int64_t off) { out.data[i] = load(image.at(off), dtype); });
-  return out;
+  return gather(t, dtype, memory, Order::kStages, {t.size[0], t.size[2], t.size[1], t.size[3]});
+}
+Tensor gather_packed(const fs_tensor& t, fs_dtype dtype, fs_memory memory) {
+  return gather(t, dtype, memory, Order::kView, {t.size[1], t.size[2], t.size[3]});
 }
 
 void scatter_bnhd(const TensorT<float>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory) {
-  scatter(src, t, dtype, memory, true);
+  scatter(src, t, dtype, memory, Order::kStages);
 }
 void scatter_bnhd(const TensorT<double>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory) {
-  scatter(src, t, dtype, memory, true);
+  scatter(src, t, dtype, memory, Order::kStages);
+}
+void scatter_packed(const TensorT<float>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory) {
+  scatter(src, t, dtype, memory, Order::kView);
+}
+void scatter_packed(const TensorT<double>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory) {
+  scatter(src, t, dtype, memory, Order::kView);
 }
 void scatter_lse(const TensorT<float>& src, const fs_tensor& t, fs_memory memory) {
-  scatter(src, t, FS_FP32, memory, false);
+  scatter(src, t, FS_FP32, memory, Order::kLse);
 }
 void scatter_lse(const TensorT<double>& src, const fs_tensor& t, fs_memory memory) {
-  scatter(src, t, FS_FP64, memory, false);
+  scatter(src, t, FS_FP64, memory, Order::kLse);
 }
 
 std::string device_pointer_problem(const void* ptr) {

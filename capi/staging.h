@@ -21,7 +21,13 @@ Tensor gather_bnhd(const fs_tensor& t, fs_dtype dtype, fs_memory memory);
 // (round to nearest even for fp16 and bf16). Only the view's elements are written.
 void scatter_bnhd(const TensorT<float>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory);
 void scatter_bnhd(const TensorT<double>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory);
-// The LSE [B, H, Nq], written as fp32, or fp64 from a double tensor.
+// A packed batch (flash_attn_varlen_func's [total, H, d], seen as a [1, total, H, d] view) to and from the
+// stages' [total, H, d] (core/varlen.h): the view's own order.
+Tensor gather_packed(const fs_tensor& t, fs_dtype dtype, fs_memory memory);
+void scatter_packed(const TensorT<float>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory);
+void scatter_packed(const TensorT<double>& src, const fs_tensor& t, fs_dtype dtype, fs_memory memory);
+// The LSE [B, H, Nq] (or a packed batch's [Hq, total_q] into a [1, Hq, total_q] view), written as fp32, or fp64
+// from a double tensor.
 void scatter_lse(const TensorT<float>& src, const fs_tensor& t, fs_memory memory);
 void scatter_lse(const TensorT<double>& src, const fs_tensor& t, fs_memory memory);
 

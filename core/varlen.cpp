@@ -86,6 +86,11 @@ Varlen varlen_from_lengths(const std::vector<int64_t>& lengths_q, const std::vec
 }
 
 std::vector<int32_t> parse_cu_seqlens(const std::string& text, const std::string& flag) {
+  return parse_whole_numbers(text, flag, "offsets", "0,5,5,12");
+}
+
+std::vector<int32_t> parse_whole_numbers(const std::string& text, const std::string& flag, const std::string& what,
+                                         const std::string& example) {
   std::vector<int32_t> cu;
   size_t at = 0;
   while (true) {
@@ -94,8 +99,8 @@ std::vector<int32_t> parse_cu_seqlens(const std::string& text, const std::string
     int64_t x = -1;
     const auto [stop, error] = std::from_chars(first, last, x);
     if (first == last || error != std::errc() || stop != last || x < 0 || x > std::numeric_limits<int32_t>::max())
-      throw std::invalid_argument(flag + ": expected offsets separated by commas, whole numbers from 0 to 2147483647 "
-                                  "(e.g. 0,5,5,12), got '" + text + "'");
+      throw std::invalid_argument(flag + ": expected " + what + " separated by commas, whole numbers from 0 to 2147483647 "
+                                  "(e.g. " + example + "), got '" + text + "'");
     cu.push_back(int32_t(x));
     if (comma == text.size()) break;
     at = comma + 1;

@@ -58,6 +58,9 @@ Varlen varlen_from_lengths(const std::vector<int64_t>& lengths_q, const std::vec
 // "0,5,5,12" -> {0, 5, 5, 12}: whole numbers from 0 to 2^31 - 1, separated by commas; throws
 // std::invalid_argument naming `flag` otherwise (the order is Varlen::validate's business).
 std::vector<int32_t> parse_cu_seqlens(const std::string& text, const std::string& flag);
+// The same for any list of whole numbers (a KV cache's --cache-seqlens): `what` and `example` name them in the message.
+std::vector<int32_t> parse_whole_numbers(const std::string& text, const std::string& flag, const std::string& what,
+                                         const std::string& example);
 
 // Refuses what a varlen run of p cannot take (a bias, dropout, split-KV), validates the fields of p that all
 // sequences share (heads, head dim, scale, modifiers) and v. p's B, Nq, Nk and input_pos are not read.

@@ -335,20 +335,9 @@ static void resolve_dtype_and_modifiers(CommonOptions& o) {
     p.window_left = lr[0];
     p.window_right = lr[1];
   }
-  if (!o.cache_seqlens.empty()) {  // "n0,n1,...": whole numbers; their count and range are Problem::validate's
-    p.cache_seqlens.clear();
-    size_t at = 0;
-    while (at <= o.cache_seqlens.size()) {
-      const size_t comma = std::min(o.cache_seqlens.find(',', at), o.cache_seqlens.size());
-      int64_t n = 0;
-      const char* first = o.cache_seqlens.data() + at;
-      const char* last = o.cache_seqlens.data() + comma;
-      const auto [stop, error] = std::from_chars(first, last, n);
-      if (error != std::errc() || stop != last || first == last)
-        throw std::invalid_argument("--cache-seqlens: expected whole numbers separated by commas, got '" + o.cache_seqlens + "'");
-      p.cache_seqlens.push_back(n);
-      at = comma + 1;
-    }
+  if (!o.cache_seqlens.empty()) {  // their count and range are Problem::validate's
+    const std::vector<int32_t> lens = parse_whole_numbers(o.cache_seqlens, "--cache-seqlens", "lengths", "64,5,0");
+    p.cache_seqlens.assign(lens.begin(), lens.end());
   }
   if (o.softcap) {  // 0 would mean "no cap" inside a Problem; on the command line, no cap is no --softcap
     if (!(*o.softcap > 0.0f && std::isfinite(*o.softcap)))
