@@ -162,7 +162,7 @@ void check_memory(const Plan& pl, const fs_tensor& t, const char* name);  // bel
 Plan plan_call(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg, bool backward,
                const std::function<void(Problem&)>& cache = {}, bool varlen = false) {
   auto why_not = [varlen](const Stage& s, const Problem& p, const std::string& v) -> std::string {
-    if (varlen && !s.has_varlen) return "it has no varlen path (steps 1 and 2 have)";
+    if (varlen && !s.has_varlen) return "it has no varlen path (steps 1 and 2 have, and step 4 for its forward)";
     return capi::why_not(s, p, v);
   };
   if (!o) fail(FS_INVALID_ARGUMENT, "options is NULL (fs_default_options() gives the defaults)");

@@ -23,6 +23,8 @@
 
 namespace fa {
 
+struct Varlen;  // a packed variable-length batch (core/varlen.h)
+
 struct Inputs {
   Tensor q;     // [B, Hq, Nq, d]
   Tensor k, v;  // [B, Hkv, Nk, d]
@@ -92,8 +94,12 @@ struct Stage {
   bool has_score_mods = false;  // takes --bias, --alibi, --window, --softcap (core/score_mod.h)
   bool has_kv_cache = false;    // takes --cache-seqlens (and --page-size where kv_pages): step 4's 4f, step 1
   // Runs a packed variable-length batch (--cu-seqlens-q, --cu-seqlens-k; core/varlen.h) through
-  // make_varlen_runner: the varlen loop runs the stage's make() on each sequence as a dense problem.
+  // make_varlen_runner: the stage's own make_varlen where it has one (a kernel that reads the offsets
+  // itself), else the varlen loop, which runs the stage's make() on each sequence as a dense problem.
   bool has_varlen = false;
+  std::function<std::unique_ptr<Runner>(const Problem& p, const Varlen& v, const Inputs& packed,
+                                        const std::string& variant)>
+      make_varlen;
   // Stages that run another stage's kernels for a pass name it here (step 5's forward is step 4's), so a
   // test grid checks those kernels once, under the stage that owns them.
   std::string forward_from, backward_from;

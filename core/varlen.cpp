@@ -202,7 +202,7 @@ class VarlenRunner final : public Runner {
   VarlenRunner(const Stage& s, const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant)
       : p_(p), v_(v) {
     if (!s.has_varlen)
-      throw std::invalid_argument(s.name + " has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1 and 2 have");
+      throw std::invalid_argument(s.name + " has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1 and 2 have, and step 4 for its forward");
     validate_varlen_problem(p, v);
     check_packed_inputs(p, v, packed);
     for (int64_t b = 0; b < v.batch(); ++b)
@@ -243,6 +243,13 @@ class VarlenRunner final : public Runner {
 
 std::unique_ptr<Runner> make_varlen_runner(const Stage& s, const Problem& p, const Varlen& v, const Inputs& packed,
                                            const std::string& variant) {
+  if (s.has_varlen && s.make_varlen) {  // the stage's own packed kernel: one launch for the whole batch
+    validate_varlen_problem(p, v);
+    check_packed_inputs(p, v, packed);
+    if (const std::string why = s.unsupported(p, variant); !why.empty())
+      throw std::invalid_argument(s.name + " cannot run this packed batch: " + why);
+    return s.make_varlen(p, v, packed, variant);
+  }
   return std::make_unique<VarlenRunner>(s, p, v, packed, variant);
 }
 

@@ -17,4 +17,10 @@ namespace fa {
 CUtensorMap make_tensor_map_bhnd(const void* base, DType t, int64_t BH, int64_t N, int64_t d, int box_rows,
                                  bool swizzle = true);
 
+// The same box over a packed batch [total, H, d] (core/varlen.h: the tokens of every sequence end to end, the
+// heads interleaved), seen as a [H, total, d] tensor: dims {d, total, H} with strides {H * d, d} elements,
+// so a tile is named by the same (row, head) coordinates as in make_tensor_map_bhnd, the row being a token
+// of the whole batch. Rows beyond `total` read as zeros; `total` 0 is encoded as 1 (base must hold H * d).
+CUtensorMap make_tensor_map_packed(const void* base, DType t, int64_t total, int64_t H, int64_t d, int box_rows);
+
 }  // namespace fa

@@ -813,7 +813,7 @@ static std::string varlen_nonfinite(const Problem& p, const Varlen& v, const Out
 int run_varlen(const Stage& s, const Oracle& oracle, CommonOptions& o, const std::vector<std::string>& variants) {
   check_common_flags(s, o);
   if (!s.has_varlen)
-    throw std::invalid_argument(s.name + " has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1 and 2 have");
+    throw std::invalid_argument(s.name + " has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1 and 2 have, and step 4 for its forward");
   if (o.cu_seqlens_q.empty() || o.cu_seqlens_k.empty())
     throw std::invalid_argument("a packed batch needs both --cu-seqlens-q and --cu-seqlens-k (as many offsets each)");
   Problem& p = o.problem;
@@ -933,8 +933,10 @@ int run_varlen(const Stage& s, const Oracle& oracle, CommonOptions& o, const std
     }
     if (o.bench) {
       const Timing t = time_runner(*runner, s, p.backward);
-      std::printf("forward:  %10.3f ms  %8.2f GFLOP/s\n", t.fwd_ms, flops / (t.fwd_ms * 1e-3) * 1e-9);
-      if (p.backward) std::printf("backward: %10.3f ms  %8.2f GFLOP/s\n", t.bwd_ms, 2.5 * flops / (t.bwd_ms * 1e-3) * 1e-9);
+      const double unit = s.gpu() ? 1e12 : 1e9;
+      const char* uname = s.gpu() ? "TFLOP/s" : "GFLOP/s";
+      std::printf("forward:  %10.3f ms  %8.2f %s\n", t.fwd_ms, flops / (t.fwd_ms * 1e-3) / unit, uname);
+      if (p.backward) std::printf("backward: %10.3f ms  %8.2f %s\n", t.bwd_ms, 2.5 * flops / (t.bwd_ms * 1e-3) / unit, uname);
     }
   }
   if (table && o.check)

@@ -55,6 +55,8 @@ struct Configs {
   static_assert(kFwdSmemBytes<Sm80> <= kSm120SmemBytes, "the sm_8x default must fit sm_86/89's 99 KB per block");
   static_assert((kSm90.Br == k64.Br || kSm90.Br == k128.Br) && kSm120.Br == k64.Br,
                 "the sub-steps are compiled at 64 x 64 and 128 x 128 tiles: the defaults' tiles");
+  // A packed batch of ragged sequences (4g, packed_batch.h) runs 4f's kernel at the defaults' tiles.
+  using Packed = ConfigList<Sm90, Sm120>;
   // Every configuration --variant can name: tile sizes, warps, pipeline depth, the swizzle ablation, and
   // the sub-steps.
   using All = ConfigList<Fwd<FwdTiles{.Br = 128, .Bc = 64, .stages = 1}>,  //

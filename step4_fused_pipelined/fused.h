@@ -5,6 +5,7 @@
 
 #include "gpu/attn_params.h"
 #include "core/stage.h"
+#include "core/varlen.h"
 
 namespace fa::step4 {
 
@@ -16,5 +17,9 @@ std::string unsupported(const Problem& p);
 // Set-up for step 4's forward on device tensors (params.q/k/v -> params.o, params.lse), returning the
 // launch; `variant` as for --variant. Step 5 runs its training forward through this.
 std::function<void()> make_forward(const Problem& p, const AttnParams& params, const std::string& variant = "auto");
+
+// 4g's scheduler, seen from a test: the K/V tiles the blocks of one run of a packed batch walk, all together
+// (p, v, packed and variant as for Stage::make_varlen).
+int64_t packed_tiles_walked(const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant);
 
 }  // namespace fa::step4

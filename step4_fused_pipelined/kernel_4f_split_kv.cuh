@@ -22,7 +22,9 @@
 // as in 4d: with 4e's score modifiers a window narrows the tiles the splits divide.
 // The KV cache is a type too (paged_kv.h): ContiguousKv, or KvCache, whose sequences hold different numbers
 // of keys (the mask and the trip count read sequence b's own problem) and may sit in pages (each tile's TMA
-// coordinates through the block table).
+// coordinates through the block table). 4g (packed_batch.h) runs a packed batch of ragged sequences through
+// the same kernel: that type also says where a tile's query rows and outputs are, and which tiles of the
+// grid lie past their sequence's end (DenseQueries, paged_kv.h, for the dense layout).
 // Short tiles (at most kMergeInKernelRows rows, one per warp) skip the combine kernel: each split counts its
 // arrival in `arrivals` with a release-acquire atomic, and the last one, seeing every other split's partial
 // result in L2, merges the tile's rows with the combine's own merge_row.
@@ -86,17 +88,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const QueryTileWork w(sp.view, CausalMask(sp.view), Br, Bc, blockIdx.x);  // which tile of the view (scheduler.cuh); its n_tiles is not used
   const auto& seq = kv.keys(p, w.b);  // the problem as sequence w.b sees it: its keys (paged_kv.h)
+  const auto& view = kv.queries(sp.view, w.b);  // the view's rows of sequence w.b: all, but in a packed batch (4g)
+  if (kv.past_end(w.m0, view)) return;  // a packed batch's tile past its sequence's last query: no work (packed_batch.h)
   const Mask mask(seq);  // which keys each row sees (mask.h; 4e's ScoreMods), in positions of the problem
-  auto pos = [&](int r) { return kPacked ? r % p.Nq : r; };  // the query row (position - input_pos) of tile row r
+  auto pos = [&](int r) { return kPacked ? r % seq.Nq : r; };  // the query row (position - input_pos) of tile row r
   // The K/V tiles the tile's rows see (the mask's trip count, from the earliest row's to the latest row's
   // positions), and this split's share.
-  const int last_row = min(w.m0 + Br, sp.view.Nq) - 1;
-  const bool spans_heads = kPacked && last_row / p.Nq != w.m0 / p.Nq;  // the tile's positions wrap around
-  const int last_i = spans_heads ? p.Nq - 1 : pos(last_row);
+  const int last_row = min(w.m0 + Br, view.Nq) - 1;
+  const bool spans_heads = kPacked && last_row / seq.Nq != w.m0 / seq.Nq;  // the tile's positions wrap around
+  const int last_i = spans_heads ? seq.Nq - 1 : pos(last_row);
   const TileRange all = mask.key_tiles(spans_heads ? 0 : pos(w.m0), last_i, Bc);
   const TileRange share = split_share(all, blockIdx.y, sp.tiles_per_split);
   const int n_begin = share.begin;   // this split's first K/V tile
   const int n_tiles = share.count();
+  if (threadIdx.x == 0) kv.count_tiles(n_tiles);  // a packed batch's test counts the tiles walked
 
   // One thread issues every TMA copy: K (or V) tile n_begin + n into its ring's slot n, from where the cache
   // keeps it (rows of (b, KV head), or a page of the pool: paged_kv.h).
@@ -128,7 +133,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     k_ring.init(Tr::kWarps);
     v_ring.init(Tr::kWarps);
     ptx::fence_barrier_init();
-    tma_load_tile<typename Tr::QTile>(sm.q, &tm_q, w.m0, w.bh, &sm.q_full);
+    const KvTileAt qa = kv.q_tile(w.b, w.bh, w.m0);  // (row w.m0, head w.bh), or its packed place (4g)
+    tma_load_tile<typename Tr::QTile>(sm.q, &tm_q, qa.row, qa.bh, &sm.q_full);
     for (int n = 0; n < kStages && n < n_tiles; ++n) {
       load_k(n);
       load_v(n);
@@ -147,14 +153,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   RowSoftmax<kSTiles, kOTiles> softmax;
   const int row_g = w.m0 + 16 * warp + g;  // tile row (of the view) of this thread's row g
   const int r_warp = w.m0 + 16 * warp;     // the warp's first row; the earliest position among its rows:
-  const int i_warp = kPacked && r_warp % p.Nq + 15 >= p.Nq ? 0 : pos(r_warp);
-  const int i_warp_last = kPacked && r_warp % p.Nq + 15 >= p.Nq ? p.Nq - 1 : min(pos(r_warp + 15), p.Nq - 1);  // latest
+  const int i_warp = kPacked && r_warp % seq.Nq + 15 >= seq.Nq ? 0 : pos(r_warp);
+  const int i_warp_last = kPacked && r_warp % seq.Nq + 15 >= seq.Nq ? seq.Nq - 1 : min(pos(r_warp + 15), seq.Nq - 1);  // latest
       // position that is a row of Q (the forward leaves rows past the end out of the tile test: nothing stores them)
   // This thread's two rows as the mask sees them (a packed row's head: its group's g-th). A padding row past
   // the view's last row is row Nq of its head, which sees nothing (and never a head past Hq).
   auto mask_row = [&](int r) {
-    const bool pad = r >= sp.view.Nq;
-    return mask.row(w.b, kPacked ? w.h * p.group + (pad ? 0 : r / p.Nq) : w.h, pad ? p.Nq : pos(r));
+    const bool pad = r >= view.Nq;
+    return mask.row(w.b, kPacked ? w.h * p.group + (pad ? 0 : r / seq.Nq) : w.h, pad ? seq.Nq : pos(r));
   };
   const typename Mask::Row r_g = mask_row(row_g), r_g8 = mask_row(row_g + 8);
   const typename Mask::Span warp_rows = mask.span(i_warp, i_warp_last);  // the tile test's rows
@@ -162,7 +168,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Decoding leaves warps with no row at all (g * Nq = 4 rows fill a quarter of warp 0): they compute nothing,
   // but still wait for every tile and release it, since the ring counts every warp's release (and waiting for
   // the full barrier keeps their arrivals in the right phase of the empty one).
-  const bool idle = r_warp >= sp.view.Nq;
+  const bool idle = r_warp >= view.Nq;
 
   for (int n = 0; n < n_tiles; ++n) {
     if constexpr (kStages == 1) refill(n);  // one slot: tile n can only be loaded once n-1 is released
@@ -223,15 +229,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row_g + 8 * r;
-    if (row >= sp.view.Nq) continue;  // a padding row of the last tile
+    if (row >= view.Nq) continue;  // a padding row of the last tile
     // Row `row` of view head w.bh is row w.bh * view Nq + row of [B, Hq, Nq]: the packed view is a reshape.
+    // (A packed batch stores it at its own place: packed_batch.h.)
     const int64_t flat = int64_t(w.bh) * sp.view.Nq + row;
     if (sp.o_part == nullptr) {
-      T* o_out = static_cast<T*>(p.o) + flat * D;
+      T* o_out = static_cast<T*>(p.o) + kv.o_row(w.b, w.bh, flat, row) * D;
 #pragma unroll
       for (int nd = 0; nd < kOTiles; ++nd)
         *reinterpret_cast<uint32_t*>(o_out + nd * 8 + 2 * t) = ptx::pack2<T>(o[nd][2 * r] * inv_l[r], o[nd][2 * r + 1] * inv_l[r]);
-      if (p.lse && t == 0) p.lse[flat] = lse[r];
+      if (p.lse && t == 0) p.lse[kv.lse_at(w.b, w.bh, flat, row)] = lse[r];
       continue;
     }
     const int64_t at = int64_t(blockIdx.y) * sp.rows_total + flat;  // split blockIdx.y's copy of the row

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/varlen.h"
 #include "gpu/gpu_runner.h"
 #include "gpu/gpu_types.h"
 #include "gpu/platform.h"
@@ -28,6 +29,16 @@ extern template std::function<void()> prepare_named<__nv_bfloat16, 64>(const std
 extern template std::function<void()> prepare_named<__nv_bfloat16, 128>(const std::string&, const Problem&, const AttnParams&);
 extern template std::function<void()> prepare_named<__half, 64>(const std::string&, const Problem&, const AttnParams&);
 extern template std::function<void()> prepare_named<__half, 128>(const std::string&, const Problem&, const AttnParams&);
+// 4g's packed-batch kernels (instances_packed_*.cu).
+#define FA_PACKED(T, D)                                                                                          \
+  extern template std::function<void()> prepare_packed_named<T, D>(const std::string&, const Problem&,           \
+                                                                   const AttnParams&, const PackedBatch&, int64_t, \
+                                                                   int64_t);
+FA_PACKED(__nv_bfloat16, 64)
+FA_PACKED(__nv_bfloat16, 128)
+FA_PACKED(__half, 64)
+FA_PACKED(__half, 128)
+#undef FA_PACKED
 
 namespace {
 
@@ -72,6 +83,78 @@ std::string config_of(const Problem& p, const std::string& variant, int cc_major
   return p.d == 64 ? resolve<64>(p, variant, cc_major) : resolve<128>(p, variant, cc_major);
 }
 
+// 4g: a packed batch (core/varlen.h) in one launch of 4f's kernel (packed_batch.h), at the tiles of the
+// device's default ("auto"), or of the sm90 or sm120 default.
+template <int D>
+std::string packed_config(const std::string& variant, int cc_major) {
+  using C = Configs<__nv_bfloat16, D>;
+  if (variant == "sm120" || (variant == "auto" && cc_major >= 12)) return C::Sm120::name();
+  if (variant == "sm90" || variant == "auto") return C::Sm90::name();
+  return variant;  // prepare_packed_named says which it takes
+}
+
+// Empty packed tensors (no query, or no key, in the whole batch) as one zero row: a tensor map needs memory.
+Inputs with_a_row(const Problem& p, const Inputs& packed) {
+  if (packed.q.size() > 0 && packed.k.size() > 0) return packed;
+  Inputs in = packed;
+  if (in.q.size() == 0) in.q = Tensor({1, p.Hq, p.d});
+  if (in.k.size() == 0) in.k = in.v = Tensor({1, p.Hkv, p.d});
+  return in;
+}
+
+class PackedRunner final : public GpuRunner {
+ public:
+  // p as the grid sees the batch: B sequences, Nq and Nk the longest (the harness's varlen problem). With
+  // `count`, the blocks count the K/V tiles they walk (tiles_walked(); the scheduler's test).
+  PackedRunner(const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant, bool count = false)
+      : GpuRunner(grid_problem(p, v), with_a_row(p, packed)), total_q_(v.total_q()) {
+    const int cc_major = compute_capability_major();
+    if (cc_major < 9)
+      throw std::invalid_argument("a packed batch runs in 4f's kernel, which loads its tiles with TMA (sm_90 and later)");
+    std::vector<int32_t> words = v.cu_seqlens_q;  // the offsets of Q, then of K, then the tile counter
+    words.insert(words.end(), v.cu_seqlens_k.begin(), v.cu_seqlens_k.end());
+    words.push_back(0);
+    cu_ = DeviceBuffer(words.size() * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpy(cu_.get(), words.data(), cu_.bytes(), cudaMemcpyHostToDevice));
+    PackedBatch pb;
+    pb.cu_q = cu_.as<int>();
+    pb.cu_k = pb.cu_q + v.cu_seqlens_q.size();
+    pb.total_q = int(v.total_q());
+    pb.Hq = int(p.Hq), pb.Hkv = int(p.Hkv);
+    if (count) pb.tiles_visited = counter_ = cu_.as<int>() + words.size() - 1;
+    const std::string name = p.d == 64 ? packed_config<64>(variant, cc_major) : packed_config<128>(variant, cc_major);
+    dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
+      dispatch_head_dim(int(p.d), [&](auto dim) {
+        launch_ = prepare_packed_named<decltype(t), decltype(dim)::value>(name, p_, params_, pb, v.total_q(), v.total_k());
+      });
+    });
+  }
+  void run() override { launch_(); }
+  Outputs outputs() override {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Outputs out;
+    out.o = download(o_, p_.dtype, {total_q_, p_.Hq, p_.d});
+    out.lse = download_f32(lse_, {p_.Hq, total_q_});
+    return out;
+  }
+  int64_t tiles_walked() const {
+    int n = 0;
+    CUDA_CHECK(cudaMemcpy(&n, counter_, sizeof(int), cudaMemcpyDeviceToHost));
+    return n;
+  }
+
+ private:
+  static Problem grid_problem(const Problem& p, const Varlen& v) {
+    Problem g = p;
+    g.B = v.batch(), g.Nq = v.max_seqlen_q, g.Nk = v.max_seqlen_k, g.input_pos = 0;  // each sequence has its own
+    return g;
+  }
+  int64_t total_q_;
+  DeviceBuffer cu_;
+  int* counter_ = nullptr;
+  std::function<void()> launch_;
+};
+
 }  // namespace
 
 std::string unsupported(const Problem& p) {
@@ -99,6 +182,13 @@ std::function<void()> make_forward(const Problem& p, const AttnParams& params, c
     dispatch_head_dim(int(p.d), [&](auto dim) { f = prepare_named<decltype(t), decltype(dim)::value>(name, p, params); });
   });
   return f;
+}
+
+int64_t packed_tiles_walked(const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant) {
+  PackedRunner r(p, v, packed, variant, /*count=*/true);
+  r.run();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return r.tiles_walked();
 }
 
 Stage stage() {
@@ -175,6 +265,10 @@ Stage stage() {
   };
   s.make = [](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
     return std::make_unique<FusedRunner>(p, in, v);
+  };
+  s.has_varlen = true;  // 4g: the forward of a packed batch, one launch (packed_batch.h)
+  s.make_varlen = [](const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant) -> std::unique_ptr<Runner> {
+    return std::make_unique<PackedRunner>(p, v, packed, variant);
   };
   return s;
 }

@@ -13,7 +13,8 @@
 //                 k0 % P, head page * Hkv + hkv). Without a table the storage is the dense one.
 // The kernel asks two things: keys(p, b), the problem as sequence b sees it (Nk its length, input_pos moved
 // with it: Problem::kv_input_pos), which its mask and trip count then read; and tile(b, bh_kv, k0), the TMA
-// coordinates of a tile. The split schedule (splits.h) still divides the capacity's tiles: a short
+// coordinates of a tile. (Where the query rows and outputs live, DenseQueries says: the dense layout.)
+// The split schedule (splits.h) still divides the capacity's tiles: a short
 // sequence's later splits see no tile and write the merge's identity.
 // Limits: P a multiple of Bc. Keys of the last page past the sequence's length are loaded and masked
 // (P = 0), so they must hold finite numbers (0 x NaN is NaN); the pages a sequence does not use are never
@@ -35,12 +36,24 @@ struct KvTileAt {
   int row, bh;  // TMA coordinates of a [Bc, D] box in a tensor map [BH, N, D]: its first row, its head
 };
 
-struct ContiguousKv {
+// Where a tile's query rows come from and its outputs go, in the dense layout both caches keep: Q tile
+// (row m0, head bh) of the [BH, Nq, d] view; O row and LSE entry `flat` = bh * Nq + row of [B, Hq, Nq]. A
+// packed batch of ragged sequences (packed_batch.h, 4g) says these differently; here none reads memory.
+struct DenseQueries {
+  FA_HD const AttnParams& queries(const AttnParams& view, int /*b*/) const { return view; }  // the view's rows
+  FA_HD bool past_end(int /*m0*/, const AttnParams& /*view*/) const { return false; }       // every tile has rows
+  FA_HD KvTileAt q_tile(int /*b*/, int bh, int m0) const { return {m0, bh}; }
+  FA_HD int64_t o_row(int /*b*/, int /*bh*/, int64_t flat, int /*row*/) const { return flat; }
+  FA_HD int64_t lse_at(int /*b*/, int /*bh*/, int64_t flat, int /*row*/) const { return flat; }
+  FA_HD void count_tiles(int /*n*/) const {}  // only a packed batch's test counts
+};
+
+struct ContiguousKv : DenseQueries {
   FA_HD const AttnParams& keys(const AttnParams& p, int /*b*/) const { return p; }
   FA_HD KvTileAt tile(int /*b*/, int bh_kv, int k0) const { return {k0, bh_kv}; }
 };
 
-struct KvCache {
+struct KvCache : DenseQueries {
   const int* seqlens = nullptr;      // [B] keys of each sequence; nullptr: Nk each
   const int* block_table = nullptr;  // [B, pages_per_seq] physical pages; nullptr: the dense K and V
   int pages_per_seq = 0, page_size = 0, Hkv = 1;

@@ -23,6 +23,7 @@
 #include "step4_fused_pipelined/kernel_4c_cp_async.cuh"
 #include "step4_fused_pipelined/kernel_4d_tma.cuh"
 #include "step4_fused_pipelined/kernel_4f_split_kv.cuh"
+#include "step4_fused_pipelined/packed_batch.h"
 #include "step4_fused_pipelined/score_mod.cuh"
 
 namespace fa::step4 {
@@ -166,6 +167,50 @@ std::function<void()> prepare_split(const Problem& p, const AttnParams& params) 
     return prepare_split<Tr>(p, params, ContiguousKv{}, params.k, params.v, p.B * p.Hkv, p.Nk, nullptr);
   auto c = std::make_shared<DeviceKvCache>(make_device_kv_cache<Tr>(p, params));
   return prepare_split<Tr>(p, params, c->kv, c->k_base, c->v_base, c->BH, c->N, c);
+}
+
+// 4g's set-up: a packed batch (packed_batch.h) through 4f's kernel, one split per tile. p is the batch as the
+// grid sees it (B sequences, Nq = max_seqlen_q, Nk = max_seqlen_k); params point at the packed tensors; pb at
+// the offsets on the device. The mask kernels: the plain one, the mask alone (a window), or every value
+// modifier tested at run time (ALiBi, the softcap: one kernel for both, so a packed batch adds three per tile
+// shape to the build, not five).
+template <class Tr>
+std::function<void()> prepare_packed(const Problem& p, const AttnParams& params, const PackedBatch& pb, int64_t total_q,
+                                     int64_t total_k) {
+  static_assert(Tr::kHasMods, "a packed batch runs 4f's kernel: TMA and swizzled tiles");
+  constexpr size_t kSmem = kFwdSmemBytes<Tr>;
+  require_smem_optin(kSmem, "this config");
+  const int64_t blocks = (p.Nq + Tr::Br - 1) / Tr::Br * p.Hq * p.B;
+  if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
+  SplitParams sp{};
+  sp.view = params;
+  sp.rows_total = total_q * p.Hq;
+  sp.tiles_per_split = int((p.Nk + Tr::Bc - 1) / Tr::Bc);  // one split: every tile of the longest sequence
+  const int kind = mods_kind(p);
+  decltype(&split_kv_forward<Tr, false, false, CausalMask, PackedBatch>) kernel =
+      kind == 0 ? split_kv_forward<Tr, false, false, CausalMask, PackedBatch>
+      : kind == kModMask ? split_kv_forward<Tr, false, false, ScoreMods<kModMask>, PackedBatch>
+                         : split_kv_forward<Tr, false, false, ScoreMods<kModAll>, PackedBatch>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+  const CUtensorMap tq = make_tensor_map_packed(params.q, p.dtype, total_q, p.Hq, Tr::D, Tr::Br);
+  const CUtensorMap tk = make_tensor_map_packed(params.k, p.dtype, total_k, p.Hkv, Tr::D, Tr::Bc);
+  const CUtensorMap tv = make_tensor_map_packed(params.v, p.dtype, total_k, p.Hkv, Tr::D, Tr::Bc);
+  return [=] {
+    if (blocks == 0) return;
+    kernel<<<dim3(unsigned(blocks), 1u), Tr::kThreads, kSmem>>>(tq, tk, tv, params, sp, pb);
+    CUDA_CHECK_LAUNCH();
+  };
+}
+// The same for the configuration named `name`, of the defaults' tiles (Configs::Packed).
+template <typename T, int D>
+std::function<void()> prepare_packed_named(const std::string& name, const Problem& p, const AttnParams& params,
+                                           const PackedBatch& pb, int64_t total_q, int64_t total_k) {
+  std::function<void()> f;
+  if (!with_config_named(name, typename Configs<T, D>::Packed{},
+                         [&](auto cfg) { f = prepare_packed<typename decltype(cfg)::type>(p, params, pb, total_q, total_k); }))
+    throw std::invalid_argument("step 4 runs a packed batch at the defaults' tiles (--variant auto, sm90 or sm120), not " +
+                                name);
+  return f;
 }
 
 // 4a-4d's set-up, outside any timed region: tensor maps, the shared-memory opt-in, the launch closure.

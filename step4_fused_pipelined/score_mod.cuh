@@ -81,6 +81,7 @@ struct ScoreMods {
   __device__ explicit ScoreMods(const AttnParams& p) : scale(p.scale), inv_scale(1.0f / p.scale), Nq(p.Nq), Nk(p.Nk) {
     const ModParams mp = *p.mods;
     m = mp.mod;
+    m.input_pos = p.input_pos;  // the diagonal of the problem the kernel runs: a packed batch's sequence has its own
     m.softcap *= inv_scale;
     bias = mp.bias;
     bias_stride_b = mp.bias_stride_b;

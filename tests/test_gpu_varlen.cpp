@@ -1,0 +1,172 @@
+// FlashAttention, step by step — packed variable-length batches on the GPU (tests/test_gpu_varlen.cpp).
+//
+// Step 4g (packed_batch.h): a packed batch through 4f's kernel in one launch, against step 1 run sequence by
+// sequence (core/varlen.h's oracle) under the FlashAttention rule: empty sequences and sequences of one token,
+// a tile's tail, sequences of no keys (their rows: O = 0, LSE = -inf), more queries than keys (causal: the top
+// rows see nothing), GQA and MQA, the window, ALiBi, the softcap (scores far beyond it) and both, bf16 and fp16,
+// d = 64 and 128, at the tiles of both defaults. Each run launches twice, the second time over poisoned
+// outputs, so every element is written by every launch. The scheduler's test counts the K/V tiles the blocks
+// walk against brute force: the (query tile, key tile) pairs of each sequence that hold a visible pair.
+#include "core/score_mod.h"
+#include "core/varlen.h"
+#include "gpu/gpu_runner.h"
+#include "gpu_grid.h"
+#include "harness/eval.h"
+#include "step4_fused_pipelined/configs.h"
+#include "step4_fused_pipelined/fused.h"
+
+namespace fa::grid {
+namespace {
+
+struct PackedCase {
+  std::vector<int64_t> lq, lk;  // the sequences' lengths
+  int64_t Hq, Hkv, d;
+  bool causal;
+  DType dtype;
+  std::string mods;     // "", "window", "alibi", "softcap", "alibi+softcap"
+  std::string variant;  // step 4's: "auto", "sm120" (the 99 KB tiles, forced)
+};
+
+std::string packed_name(const PackedCase& c) {
+  std::string n = "q";
+  for (int64_t l : c.lq) n += "_" + std::to_string(l);
+  n += "_k";
+  for (int64_t l : c.lk) n += "_" + std::to_string(l);
+  n += "_h" + std::to_string(c.Hq) + "x" + std::to_string(c.Hkv) + "_d" + std::to_string(c.d) + (c.causal ? "_causal" : "") +
+       "_" + dtype_name(c.dtype) + (c.mods.empty() ? "" : "_" + c.mods) + "_" + c.variant;
+  return n;
+}
+
+// The problem as the harness makes it for a packed batch (harness/cli.cpp, run_varlen).
+Problem packed_problem(const PackedCase& c, const Varlen& v) {
+  Problem p;
+  p.B = v.batch(), p.Hq = c.Hq, p.Hkv = c.Hkv, p.d = c.d, p.Nq = v.max_seqlen_q, p.Nk = v.max_seqlen_k;
+  p.input_pos = p.Nk - p.Nq;
+  p.causal = c.causal, p.dtype = c.dtype;
+  p.scale = float(1.0 / std::sqrt(double(c.d)));
+  p.seed = std::hash<std::string>{}(packed_name(c));
+  if (c.mods == "window") p.window_left = 37, p.window_right = c.causal ? 0 : 20;
+  if (c.mods.find("alibi") != std::string::npos) p.alibi = true;
+  if (c.mods.find("softcap") != std::string::npos) p.softcap = 0.5f;  // scores of ~ +-3 raw: far beyond the cap
+  validate_varlen_problem(p, v);
+  return p;
+}
+
+std::vector<PackedCase> cases() {
+  std::vector<PackedCase> out;
+  const std::vector<int64_t> self = {0, 1, 17, 300, 64, 129, 1000};  // Lq = Lk
+  const std::vector<int64_t> cross_q = {5, 0, 200, 64, 7}, cross_k = {300, 10, 0, 64, 3};  // no keys; Lq > Lk
+  for (int64_t d : {64, 128})
+    for (const char* variant : {"auto", "sm120"}) {
+      if (d == 64 && std::string(variant) == "sm120") continue;  // the same tiles as auto at d = 64
+      out.push_back({self, self, 8, 2, d, true, DType::bf16, "", variant});
+      out.push_back({self, self, 8, 2, d, false, DType::fp16, "", variant});
+      out.push_back({cross_q, cross_k, 4, 4, d, true, DType::bf16, "", variant});
+      out.push_back({cross_q, cross_k, 8, 1, d, false, DType::bf16, "", variant});
+      out.push_back({self, self, 8, 2, d, true, DType::bf16, "window", variant});
+      out.push_back({self, self, 4, 2, d, false, DType::fp16, "window", variant});
+      out.push_back({cross_q, cross_k, 8, 2, d, true, DType::bf16, "alibi", variant});
+      out.push_back({self, self, 8, 2, d, true, DType::bf16, "softcap", variant});
+      out.push_back({self, self, 8, 8, d, true, DType::fp16, "alibi+softcap", variant});
+    }
+  return out;
+}
+
+class GpuVarlen : public ::testing::TestWithParam<PackedCase> {};
+
+TEST_P(GpuVarlen, MatchesEachSequenceOnStep1) {
+  const PackedCase& c = GetParam();
+  const Varlen v = varlen_from_lengths(c.lq, c.lk);
+  const Problem p = packed_problem(c, v);
+  const Stage* s = nullptr;
+  std::string variant;
+  if (const std::string why = resolve("step4_fused_pipelined:" + c.variant, s, variant); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_TRUE(s->has_varlen && s->make_varlen);
+  const Inputs in = random_packed_inputs(p, v);
+  auto runner = make_varlen_runner(*s, p, v, in, variant);
+  runner->run();
+  auto* gpu = dynamic_cast<GpuRunner*>(runner.get());
+  ASSERT_NE(gpu, nullptr);
+  gpu->poison_outputs();
+  runner->run();
+  const Outputs out = runner->outputs();
+  ASSERT_EQ(out.o.shape, (std::vector<int64_t>{v.total_q(), p.Hq, p.d}));
+  ASSERT_EQ(out.lse.shape, (std::vector<int64_t>{p.Hq, v.total_q()}));
+  expect_pass(check_against(varlen_oracle(reference_oracle(), v), p, in, out));
+  // A row that sees no key: O = 0 and LSE = -inf (the convention, core/varlen.h), written, not left poisoned.
+  for (int64_t row = 0; row < v.total_q(); ++row)
+    if (!packed_row_sees_a_key(p, v, row))
+      for (int64_t h = 0; h < p.Hq; ++h) {
+        EXPECT_EQ(out.lse.data[size_t(h * v.total_q() + row)], -INFINITY) << "row " << row << " head " << h;
+        EXPECT_EQ(out.o.data[size_t((row * p.Hq + h) * p.d)], 0.0f) << "row " << row << " head " << h;
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Step4, GpuVarlen, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<PackedCase>& info) { return param_name(packed_name(info.param)); });
+
+// The K/V tiles a packed batch's blocks walk, by brute force: for each sequence, head and query tile of Br
+// rows, the key tiles of Bc keys where some row of the tile sees some key (core/score_mod.h, visible_range).
+int64_t tiles_with_a_visible_pair(const Problem& p, const Varlen& v, int64_t Br, int64_t Bc) {
+  int64_t n = 0;
+  for (int64_t b = 0; b < v.batch(); ++b) {
+    const Problem s = sequence_problem(p, v, b);
+    const ScoreMod m = score_mod_of(s);
+    for (int64_t m0 = 0; m0 < s.Nq; m0 += Br)
+      for (int64_t k0 = 0; k0 < s.Nk; k0 += Bc) {
+        bool seen = false;
+        for (int64_t i = m0; i < std::min(m0 + Br, s.Nq) && !seen; ++i) {
+          int64_t lo = 0, hi = -1;
+          visible_range(m, s.Nk, i, &lo, &hi);
+          seen = lo <= hi && lo < k0 + Bc && hi >= k0;
+        }
+        n += seen ? p.Hq : 0;
+      }
+  }
+  return n;
+}
+
+class GpuVarlenScheduler : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(GpuVarlenScheduler, WalksExactlyTheTilesWithAVisiblePair) {
+  const Stage* s = nullptr;
+  std::string variant;
+  if (const std::string why = resolve("step4_fused_pipelined:sm90", s, variant); !why.empty()) GTEST_SKIP() << why;
+  const int64_t d = GetParam();
+  {
+    for (const char* mods : {"", "window"})
+      for (bool causal : {false, true})
+        for (const char* forced : {"sm90", "sm120"}) {
+          const PackedCase c{{0, 1, 17, 300, 64, 129, 1000, 5}, {0, 1, 17, 300, 64, 129, 1000, 900}, 4, 2, d, causal,
+                             DType::bf16, mods, forced};
+          const Varlen v = varlen_from_lengths(c.lq, c.lk);
+          const Problem p = packed_problem(c, v);
+          const step4::FwdTiles t = std::string(forced) == "sm90"
+                                 ? (d == 64 ? step4::Configs<__nv_bfloat16, 64>::kSm90 : step4::Configs<__nv_bfloat16, 128>::kSm90)
+                                 : (d == 64 ? step4::Configs<__nv_bfloat16, 64>::kSm120 : step4::Configs<__nv_bfloat16, 128>::kSm120);
+          EXPECT_EQ(step4::packed_tiles_walked(p, v, random_packed_inputs(p, v), forced), tiles_with_a_visible_pair(p, v, t.Br, t.Bc))
+              << packed_name(c);
+        }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Step4, GpuVarlenScheduler, ::testing::Values(64, 128));
+
+// ---- host-side (no GPU: they run in CI) ----
+
+// What step 4 refuses in a packed batch, with the reason: a variant that is not at the defaults' tiles is
+// refused when the runner is made (on a GPU); here, what needs no GPU: step 4 declares the varlen path, and
+// the harness's own refusals (core/varlen.h) hold for it as for the CPU stages.
+TEST(VarlenDeclarations, Step4RunsTheForwardOfAPackedBatch) {
+  const Stage& s = find_stage("step4_fused_pipelined");
+  EXPECT_TRUE(s.has_varlen);
+  EXPECT_TRUE(bool(s.make_varlen));
+  for (const char* other : {"step3_naive_kernel", "step5_backward"}) EXPECT_FALSE(find_stage(other).has_varlen) << other;
+  const Varlen v = varlen_from_lengths({3, 4}, {3, 4});
+  Problem p = packed_problem({{3, 4}, {3, 4}, 4, 2, 64, true, DType::bf16, "", "auto"}, v);
+  p.dropout = 0.1f;
+  EXPECT_THROW(make_varlen_runner(s, p, v, random_packed_inputs(p, v), "auto"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace fa::grid
