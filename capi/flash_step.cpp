@@ -162,7 +162,7 @@ void check_memory(const Plan& pl, const fs_tensor& t, const char* name);  // bel
 Plan plan_call(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg, bool backward,
                const std::function<void(Problem&)>& cache = {}, bool varlen = false) {
   auto why_not = [varlen](const Stage& s, const Problem& p, const std::string& v) -> std::string {
-    if (varlen && !s.has_varlen) return "it has no varlen path (steps 1 and 2 have, and step 4 for its forward)";
+    if (varlen && !s.has_varlen) return "it has no varlen path (steps 1, 2, 4, 5 and 7 have)";
     return capi::why_not(s, p, v);
   };
   if (!o) fail(FS_INVALID_ARGUMENT, "options is NULL (fs_default_options() gives the defaults)");
@@ -273,9 +273,14 @@ Plan plan_call(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_a
     return pl;
   }
   std::string reasons;
-  const std::vector<Stage>& all = stages();
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    const Stage& s = *it;
+  // Latest first; a packed batch goes first to a stage with a scheduler of its own (one launch, Stage::make_varlen:
+  // step 4's forward), before the stages that loop over its sequences.
+  std::vector<const Stage*> order;
+  for (int pass = 0; pass < 2; ++pass)
+    for (auto it = stages().rbegin(); it != stages().rend(); ++it)
+      if ((varlen && it->has_varlen && it->make_varlen) == (pass == 0)) order.push_back(&*it);
+  for (const Stage* candidate : order) {
+    const Stage& s = *candidate;
     if (s.gpu() != (pl.memory == FS_DEVICE) || s.name == kTuner) continue;
     std::string why;
     if (s.platform) why = s.platform->unavailable_reason();

@@ -202,7 +202,7 @@ class VarlenRunner final : public Runner {
   VarlenRunner(const Stage& s, const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant)
       : p_(p), v_(v) {
     if (!s.has_varlen)
-      throw std::invalid_argument(s.name + " has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1 and 2 have, and step 4 for its forward");
+      throw std::invalid_argument(s.name + " has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1, 2, 4, 5 and 7 have");
     validate_varlen_problem(p, v);
     check_packed_inputs(p, v, packed);
     for (int64_t b = 0; b < v.batch(); ++b)

@@ -813,7 +813,7 @@ static std::string varlen_nonfinite(const Problem& p, const Varlen& v, const Out
 int run_varlen(const Stage& s, const Oracle& oracle, CommonOptions& o, const std::vector<std::string>& variants) {
   check_common_flags(s, o);
   if (!s.has_varlen)
-    throw std::invalid_argument(s.name + " has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1 and 2 have, and step 4 for its forward");
+    throw std::invalid_argument(s.name + " has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1, 2, 4, 5 and 7 have");
   if (o.cu_seqlens_q.empty() || o.cu_seqlens_k.empty())
     throw std::invalid_argument("a packed batch needs both --cu-seqlens-q and --cu-seqlens-k (as many offsets each)");
   Problem& p = o.problem;

@@ -166,6 +166,9 @@ Stage stage() {
   s.title = "backward: dK/dV + dQ kernels (deterministic) or one kernel with atomic dQ; TMA ring, mma.sync";
   s.platform = &tma_platform();  // every kernel loads through TMA: sm_90 and later (gpu/platform.h)
   s.has_backward = true;
+  // A packed batch (core/varlen.h): sequence by sequence, each a dense problem of one launch per pass (the
+  // loop of make_varlen_runner); only step 4's forward has a scheduler of its own (4g, packed_batch.h).
+  s.has_varlen = true;
   // "atomic-sm120" runs the atomic variant's sm_120 tiles on any GPU (the H100 test grid).
   s.variants = {"deterministic", "atomic", "atomic-sm120"};
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});

@@ -74,6 +74,7 @@ Stage stage() {
   s.title = "Hopper forward: wgmma, producer warpgroup + setmaxnreg, ping-pong consumers (sm_90a)";
   s.platform = &hopper_platform();
   s.has_backward = true;
+  s.has_varlen = true;  // a packed batch sequence by sequence, as step 5 (core/varlen.h's loop)
   s.backward_from = "step5_backward";
   s.variants = {"auto", "7a-wgmma", "7b-specialized", "7c-pingpong", "7d-persistent"};
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});

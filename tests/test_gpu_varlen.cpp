@@ -105,6 +105,44 @@ TEST_P(GpuVarlen, MatchesEachSequenceOnStep1) {
 INSTANTIATE_TEST_SUITE_P(Step4, GpuVarlen, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<PackedCase>& info) { return param_name(packed_name(info.param)); });
 
+// Steps 5 and 7 run a packed batch sequence by sequence (core/varlen.h's loop of their dense runs), forward
+// and backward: O, LSE, dQ, dK and dV against step 1 under the rule.
+struct LoopCase {
+  std::string stage;
+  int64_t d;
+  bool causal;
+  DType dtype;
+};
+class GpuVarlenLoop : public ::testing::TestWithParam<LoopCase> {};
+
+TEST_P(GpuVarlenLoop, ForwardAndBackwardMatchStep1) {
+  const LoopCase& l = GetParam();
+  const PackedCase c{{0, 1, 17, 300, 129}, {0, 1, 17, 300, 200}, 8, 2, l.d, l.causal, l.dtype, "", ""};
+  const Varlen v = varlen_from_lengths(c.lq, c.lk);
+  Problem p = packed_problem(c, v);
+  p.backward = true;
+  if (std::none_of(stages().begin(), stages().end(), [&](const Stage& st) { return st.name == l.stage; }))
+    GTEST_SKIP() << l.stage << " is not built (step 7: only for sm_90)";
+  const Stage* s = nullptr;
+  std::string variant;
+  if (const std::string why = resolve(l.stage, s, variant); !why.empty()) GTEST_SKIP() << why;
+  const Inputs in = random_packed_inputs(p, v);
+  auto runner = make_varlen_runner(*s, p, v, in, variant);
+  runner->run();
+  runner->run_backward();
+  expect_pass(check_against(varlen_oracle(reference_oracle(), v), p, in, runner->outputs()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps5And7, GpuVarlenLoop,
+                         ::testing::Values(LoopCase{"step5_backward", 64, true, DType::bf16},
+                                           LoopCase{"step5_backward", 128, false, DType::fp16},
+                                           LoopCase{"step7_hopper_wgmma", 64, false, DType::bf16},
+                                           LoopCase{"step7_hopper_wgmma", 128, true, DType::bf16}),
+                         [](const ::testing::TestParamInfo<LoopCase>& info) {
+                           return param_name(info.param.stage + "_d" + std::to_string(info.param.d) +
+                                             (info.param.causal ? "_causal" : "") + "_" + dtype_name(info.param.dtype));
+                         });
+
 // The K/V tiles a packed batch's blocks walk, by brute force: for each sequence, head and query tile of Br
 // rows, the key tiles of Bc keys where some row of the tile sees some key (core/score_mod.h, visible_range).
 int64_t tiles_with_a_visible_pair(const Problem& p, const Varlen& v, int64_t Br, int64_t Bc) {
@@ -161,7 +199,9 @@ TEST(VarlenDeclarations, Step4RunsTheForwardOfAPackedBatch) {
   const Stage& s = find_stage("step4_fused_pipelined");
   EXPECT_TRUE(s.has_varlen);
   EXPECT_TRUE(bool(s.make_varlen));
-  for (const char* other : {"step3_naive_kernel", "step5_backward"}) EXPECT_FALSE(find_stage(other).has_varlen) << other;
+  EXPECT_FALSE(find_stage("step3_naive_kernel").has_varlen);
+  for (const Stage& st : stages())  // steps 5 and 7 (where built): sequence by sequence, no scheduler
+    if (st.name == "step5_backward" || st.name == "step7_hopper_wgmma") EXPECT_TRUE(st.has_varlen && !st.make_varlen) << st.name;
   const Varlen v = varlen_from_lengths({3, 4}, {3, 4});
   Problem p = packed_problem({{3, 4}, {3, 4}, 4, 2, 64, true, DType::bf16, "", "auto"}, v);
   p.dropout = 0.1f;

@@ -403,7 +403,7 @@ TEST(VarlenRefusals, WhatAPackedBatchDoesNotTake) {
   Stage s = step1::stage();
   s.has_varlen = false;
   expect_throws_with([&] { make_varlen_runner(s, p, v, random_packed_inputs(p, v), ""); },
-                     "step1_cpu_reference has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1 and 2 have, and step 4 for its forward");
+                     "step1_cpu_reference has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1, 2, 4, 5 and 7 have");
 }
 
 // ---- the command line ------------------------------------------------------------------------------------
@@ -466,7 +466,7 @@ TEST(VarlenCli, BadInputIsRefusedWithOneLine) {
   }
   Stage s = step1::stage();
   s.has_varlen = false;
-  expect_refused(run_main(s, ok), "step1_cpu_reference has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1 and 2 have, and step 4 for its forward",
+  expect_refused(run_main(s, ok), "step1_cpu_reference has no varlen path (--cu-seqlens-q, --cu-seqlens-k): steps 1, 2, 4, 5 and 7 have",
                  "a stage without varlen");
 }
 

@@ -189,6 +189,39 @@ class TorchGpu(unittest.TestCase, Check):
             flash_step.attention_with_kvcache(q, k_pool, v_pool, cache_seqlens=lens, block_table=bad)
         self.assertIn("not a page of k_cache", str(c.exception))
 
+    def test_varlen_on_the_gpu_against_sdpa_per_sequence(self):
+        """A packed bf16 batch on the GPU (step 4g's forward, step 5 backward sequence by sequence), O and the
+        gradients against SDPA in fp32 on each sequence alone, under the rule; an empty sequence included."""
+        torch.manual_seed(5)
+        lens_q, lens_k = [37, 0, 300, 1, 129], [37, 5, 300, 64, 200]
+        cq, ck = [0], [0]
+        for a, b in zip(lens_q, lens_k):
+            cq.append(cq[-1] + a)
+            ck.append(ck[-1] + b)
+        make = lambda *shape: (torch.randn(*shape, device="cuda") + 0.5).to(torch.bfloat16)  # noqa: E731
+        q, k, v, dout = make(cq[-1], 8, 64), make(ck[-1], 2, 64), make(ck[-1], 2, 64), make(cq[-1], 8, 64)
+        scale = 64 ** -0.5
+        got = run_with_grads(lambda q, k, v: flash_step.attention_varlen(q, k, v, cq, ck, causal=True), [q, k, v], dout)
+
+        def per_sequence(fn, dtype):  # each sequence alone, through fn on [1, L, H, d], outputs packed back
+            outs = [torch.zeros_like(x, dtype=dtype) for x in (q, q, k, k)]
+            for b in range(len(lens_q)):
+                qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+                if lens_q[b] == 0 or lens_k[b] == 0:
+                    continue
+                r = run_with_grads(lambda q, k, v: fn(q, k, v, True, scale),
+                                   [x[None].to(dtype) for x in (q[qs], k[ks], v[ks])], dout[qs][None].to(dtype))
+                for o, x, sl in zip(outs, r, (qs, qs, ks, ks)):
+                    o[sl] = x[0]
+            return outs
+
+        ref = per_sequence(sdpa, torch.float32)
+        base = per_sequence(naive, torch.bfloat16)
+        for name, g, r, b in zip(("O", "dQ", "dK", "dV"), got, ref, base):
+            err = (g.float() - r).abs().max().item()
+            tol = 2 * (b.float() - r).abs().max().item() + 1e-5 * max(1.0, r.abs().max().item())
+            self.assertLessEqual(err, tol, f"varlen {name}: error {err:.3g}, tolerance {tol:.3g}")
+
     def test_refusals(self):
         q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
         with self.assertRaises(flash_step.FlashStepError) as c:
