@@ -132,6 +132,23 @@ Problem sequence_problem(const Problem& p, const Varlen& v, int64_t b) {
   return s;
 }
 
+Problem packed_grid_problem(const Problem& p, const Varlen& v) {
+  Problem g = p;
+  g.B = v.batch(), g.Nq = v.max_seqlen_q, g.Nk = v.max_seqlen_k, g.input_pos = 0;  // each sequence has its own
+  return g;
+}
+
+Inputs with_a_row(const Problem& p, const Inputs& packed) {
+  if (packed.q.size() > 0 && packed.k.size() > 0) return packed;
+  Inputs in = packed;
+  if (in.q.size() == 0) {
+    in.q = Tensor({1, p.Hq, p.d});
+    if (p.backward) in.dout = in.q;
+  }
+  if (in.k.size() == 0) in.k = in.v = Tensor({1, p.Hkv, p.d});
+  return in;
+}
+
 double varlen_flops_forward(const Problem& p, const Varlen& v) {
   double f = 0;
   for (int64_t b = 0; b < v.batch(); ++b)

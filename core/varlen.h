@@ -80,6 +80,12 @@ Inputs random_packed_inputs(const Problem& p, const Varlen& v);
 // Throws std::invalid_argument when the packed inputs do not have the shapes v and p ask for ("q has shape
 // [11, 8, 64]; cu_seqlens_q ends at 12 and the problem has 8 heads of dim 64: expected [12, 8, 64]").
 void check_packed_inputs(const Problem& p, const Varlen& v, const Inputs& packed);
+// A packed batch as a GPU kernel's grid sees it (a stage's make_varlen): B sequences, Nq and Nk the longest;
+// each sequence's own lengths and diagonal come from the offsets.
+Problem packed_grid_problem(const Problem& p, const Varlen& v);
+// The packed inputs, with an empty Q (K) of a batch that has no query (key) at all given one zero row: what a
+// GPU stage uploads, since a TMA tensor map must point at memory. The extra row is never read.
+Inputs with_a_row(const Problem& p, const Inputs& packed);
 // Sequence b's inputs in the dense layout [1, H, L, d] (copies), with the ALiBi slopes.
 Inputs sequence_inputs(const Problem& p, const Varlen& v, const Inputs& packed, int64_t b);
 

@@ -9,6 +9,8 @@
 
 namespace fa::step4 {
 
+struct PackedBatch;  // packed_batch.h
+
 Stage stage();
 
 // "" when step 4's kernels can run p, otherwise why not (step 5, which runs them for its forward, asks too).
@@ -17,6 +19,11 @@ std::string unsupported(const Problem& p);
 // Set-up for step 4's forward on device tensors (params.q/k/v -> params.o, params.lse), returning the
 // launch; `variant` as for --variant. Step 5 runs its training forward through this.
 std::function<void()> make_forward(const Problem& p, const AttnParams& params, const std::string& variant = "auto");
+
+// 4g's set-up on device tensors of a packed batch (params: B sequences, Nq, Nk the longest; q, k, v, o, lse in
+// the packed layout), its offsets `pb` on the device: the forward step 5 trains a packed batch with.
+std::function<void()> make_packed_forward(const Problem& grid, const AttnParams& params, const PackedBatch& pb,
+                                          int64_t total_q, int64_t total_k, const std::string& variant = "auto");
 
 // 4g's scheduler, seen from a test: the K/V tiles the blocks of one run of a packed batch walk, all together
 // (p, v, packed and variant as for Stage::make_varlen).

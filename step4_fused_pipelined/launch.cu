@@ -93,41 +93,18 @@ std::string packed_config(const std::string& variant, int cc_major) {
   return variant;  // prepare_packed_named says which it takes
 }
 
-// Empty packed tensors (no query, or no key, in the whole batch) as one zero row: a tensor map needs memory.
-Inputs with_a_row(const Problem& p, const Inputs& packed) {
-  if (packed.q.size() > 0 && packed.k.size() > 0) return packed;
-  Inputs in = packed;
-  if (in.q.size() == 0) in.q = Tensor({1, p.Hq, p.d});
-  if (in.k.size() == 0) in.k = in.v = Tensor({1, p.Hkv, p.d});
-  return in;
-}
-
 class PackedRunner final : public GpuRunner {
  public:
   // p as the grid sees the batch: B sequences, Nq and Nk the longest (the harness's varlen problem). With
   // `count`, the blocks count the K/V tiles they walk (tiles_walked(); the scheduler's test).
   PackedRunner(const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant, bool count = false)
-      : GpuRunner(grid_problem(p, v), with_a_row(p, packed)), total_q_(v.total_q()) {
-    const int cc_major = compute_capability_major();
-    if (cc_major < 9)
-      throw std::invalid_argument("a packed batch runs in 4f's kernel, which loads its tiles with TMA (sm_90 and later)");
-    std::vector<int32_t> words = v.cu_seqlens_q;  // the offsets of Q, then of K, then the tile counter
-    words.insert(words.end(), v.cu_seqlens_k.begin(), v.cu_seqlens_k.end());
-    words.push_back(0);
+      : GpuRunner(packed_grid_problem(p, v), with_a_row(p, packed)), total_q_(v.total_q()) {
+    const std::vector<int32_t> words = packed_words(v);  // the offsets of Q, then of K, then the tile counter
     cu_ = DeviceBuffer(words.size() * sizeof(int32_t));
     CUDA_CHECK(cudaMemcpy(cu_.get(), words.data(), cu_.bytes(), cudaMemcpyHostToDevice));
-    PackedBatch pb;
-    pb.cu_q = cu_.as<int>();
-    pb.cu_k = pb.cu_q + v.cu_seqlens_q.size();
-    pb.total_q = int(v.total_q());
-    pb.Hq = int(p.Hq), pb.Hkv = int(p.Hkv);
+    PackedBatch pb = packed_batch_at(cu_.as<int>(), v, p.Hq, p.Hkv);
     if (count) pb.tiles_visited = counter_ = cu_.as<int>() + words.size() - 1;
-    const std::string name = p.d == 64 ? packed_config<64>(variant, cc_major) : packed_config<128>(variant, cc_major);
-    dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
-      dispatch_head_dim(int(p.d), [&](auto dim) {
-        launch_ = prepare_packed_named<decltype(t), decltype(dim)::value>(name, p_, params_, pb, v.total_q(), v.total_k());
-      });
-    });
+    launch_ = make_packed_forward(p_, params_, pb, v.total_q(), v.total_k(), variant);
   }
   void run() override { launch_(); }
   Outputs outputs() override {
@@ -144,11 +121,6 @@ class PackedRunner final : public GpuRunner {
   }
 
  private:
-  static Problem grid_problem(const Problem& p, const Varlen& v) {
-    Problem g = p;
-    g.B = v.batch(), g.Nq = v.max_seqlen_q, g.Nk = v.max_seqlen_k, g.input_pos = 0;  // each sequence has its own
-    return g;
-  }
   int64_t total_q_;
   DeviceBuffer cu_;
   int* counter_ = nullptr;
@@ -180,6 +152,21 @@ std::function<void()> make_forward(const Problem& p, const AttnParams& params, c
   std::function<void()> f;
   dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
     dispatch_head_dim(int(p.d), [&](auto dim) { f = prepare_named<decltype(t), decltype(dim)::value>(name, p, params); });
+  });
+  return f;
+}
+
+std::function<void()> make_packed_forward(const Problem& grid, const AttnParams& params, const PackedBatch& pb,
+                                          int64_t total_q, int64_t total_k, const std::string& variant) {
+  const int cc_major = compute_capability_major();
+  if (cc_major < 9)
+    throw std::invalid_argument("a packed batch runs in 4f's kernel, which loads its tiles with TMA (sm_90 and later)");
+  const std::string name = grid.d == 64 ? packed_config<64>(variant, cc_major) : packed_config<128>(variant, cc_major);
+  std::function<void()> f;
+  dispatch_dtype</*kAllowFp32=*/false>(grid.dtype, [&](auto t) {
+    dispatch_head_dim(int(grid.d), [&](auto dim) {
+      f = prepare_packed_named<decltype(t), decltype(dim)::value>(name, grid, params, pb, total_q, total_k);
+    });
   });
   return f;
 }

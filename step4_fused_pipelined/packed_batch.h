@@ -21,7 +21,9 @@
 // of dense problems (core/varlen.h's VarlenRunner).
 #pragma once
 #include <cstdint>
+#include <vector>
 
+#include "core/varlen.h"
 #include "gpu/attn_params.h"
 #include "step4_fused_pipelined/paged_kv.h"
 
@@ -61,5 +63,23 @@ struct PackedBatch {
     if (tiles_visited) atomicAdd(tiles_visited, n);
   }
 };
+
+// The host's side: the words the kernel reads, in one buffer: cu_q (B + 1), cu_k (B + 1), then a zero (the
+// test's tile counter); and the PackedBatch (or a type built on it) over that buffer once on the device.
+inline std::vector<int32_t> packed_words(const Varlen& v) {
+  std::vector<int32_t> w = v.cu_seqlens_q;
+  w.insert(w.end(), v.cu_seqlens_k.begin(), v.cu_seqlens_k.end());
+  w.push_back(0);
+  return w;
+}
+template <class PB = PackedBatch>
+PB packed_batch_at(int* words, const Varlen& v, int64_t Hq, int64_t Hkv) {
+  PB pb;
+  pb.cu_q = words;
+  pb.cu_k = words + v.cu_seqlens_q.size();
+  pb.total_q = int(v.total_q());
+  pb.Hq = int(Hq), pb.Hkv = int(Hkv);
+  return pb;
+}
 
 }  // namespace fa::step4

@@ -87,6 +87,8 @@ struct Configs {
                 "the defaults for sm_120 must fit in its 99 KB of shared memory per block");
   static_assert(AtomicSm90::kHasMods && AtomicSm120::kHasMods, "the atomic variant's defaults take score modifiers");
 
+  // A packed batch of ragged sequences (packed_rows.h) runs the deterministic default's kernels.
+  using Packed = ConfigList<Deterministic>;
   // Every configuration --variant can name, the tuner sweeps and the configuration test checks.
   using Shared = ConfigList<Det4, Det4S3, Det8, DetQ, Atomic4x2, Atomic2x4, AtomicPair, AtomicSmall>;
   using All = std::conditional_t<D == 64, typename Append<Shared, AtomicTall, AtomicTallKv>::type,

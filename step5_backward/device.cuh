@@ -19,6 +19,7 @@
 #include "step4_fused_pipelined/fragments.cuh"
 #include "step4_fused_pipelined/mask.h"
 #include "step4_fused_pipelined/score_mod.cuh"
+#include "step5_backward/packed_rows.h"
 
 namespace fa::step5 {
 
@@ -217,17 +218,18 @@ struct Operand {
 };
 
 // Stores a warp's [16, 8 NT] fp32 accumulator tile (rows row0 + g, row0 + g + 8; columns col0 + 8nd + 2t,
-// +1), times `mul`, as 16-bit pairs into the [N, D] matrix `out`; rows >= N are skipped. Every element of
+// +1), times `mul`, as 16-bit pairs into the [N, D] matrix `out` whose rows lie `stride` elements apart (D:
+// contiguous; a packed batch's interleave its heads: packed_rows.h); rows >= N are skipped. Every element of
 // the tile is written by exactly one thread: no atomics, the same bits every run.
 template <typename T, int D, int NT>
 __device__ __forceinline__ void store_rows(T* out, const float (&acc)[NT][4], int64_t row0, int64_t N, float mul,
-                                           int col0 = 0) {
+                                           int col0 = 0, int64_t stride = D) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + g + 8 * r;
     if (row >= N) continue;
-    uint32_t* dst = reinterpret_cast<uint32_t*>(out + row * D + col0 + 2 * t);
+    uint32_t* dst = reinterpret_cast<uint32_t*>(out + row * stride + col0 + 2 * t);
 #pragma unroll
     for (int nd = 0; nd < NT; ++nd) dst[nd * 4] = ptx::pack2<T>(acc[nd][2 * r] * mul, acc[nd][2 * r + 1] * mul);
   }
@@ -281,13 +283,14 @@ __device__ __forceinline__ void tma_load_pair(void* dst_a, const void* tm_a, voi
 }
 
 // The producer: iteration it's Q and dO tiles (the order of KeyBlockWork) into their slot of the Q/dO ring
-// (step 4's TmaRing). Smem is the kernel's shared-memory type, with q and dout rings of Tr::kStages slots.
-template <class Tr, class Smem, class Ring>
+// (step 4's TmaRing). Smem is the kernel's shared-memory type, with q and dout rings of Tr::kStages slots;
+// Rows says where the tile is (packed_rows.h: the dense layout, or a packed batch's).
+template <class Tr, class Smem, class Ring, class Rows = DenseRows>
 __device__ __forceinline__ void load_q_do(Smem& sm, const Ring& ring, const KeyBlockWork& w, int Hq, int it,
-                                          const CUtensorMap* tm_q, const CUtensorMap* tm_do) {
-  const int bh_q = w.b * Hq + w.head(it), q0 = w.q0(it);
+                                          const CUtensorMap* tm_q, const CUtensorMap* tm_do, const Rows& rows = {}) {
+  const step4::KvTileAt at = rows.q_tile(w.b, w.b * Hq + w.head(it), w.q0(it));
   uint64_t* bar = ring.expect(it, 2 * Tr::kQBytes);  // Q and dO: one barrier for both tiles
-  tma_load_pair<typename Tr::QTile>(sm.q[ring.slot(it)], tm_q, sm.dout[ring.slot(it)], tm_do, q0, bh_q, bar);
+  tma_load_pair<typename Tr::QTile>(sm.q[ring.slot(it)], tm_q, sm.dout[ring.slot(it)], tm_do, at.row, at.bh, bar);
 }
 
 }  // namespace fa::step5

@@ -39,23 +39,25 @@ namespace fa::step5 {
 // hides behind them.
 template <int NT>
 __device__ __forceinline__ void load_lse_d(float (&lse2)[NT][2], float (&d_i)[NT][2], const BwdParams& bp,
-                                           int64_t row_off, int col0) {
+                                           int64_t row_off, int col0, int Nq) {
   const int t = threadIdx.x % 4;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int i = col0 + nt * 8 + 2 * t + c;
-      lse2[nt][c] = i < bp.a.Nq ? bp.a.lse[row_off + i] * kLog2e : INFINITY;  // past Q: P = 0 (device.cuh)
-      d_i[nt][c] = i < bp.a.Nq ? bp.dsum[row_off + i] : 0.0f;
+      lse2[nt][c] = i < Nq ? bp.a.lse[row_off + i] * kLog2e : INFINITY;  // past Q: P = 0 (device.cuh)
+      d_i[nt][c] = i < Nq ? bp.dsum[row_off + i] : 0.0f;
     }
 }
 
 // grid = ceil(Nk / Bc) * Hkv * B, block = 32 * Warps threads, dynamic shared memory DkDvSmem<Tr>::kBytes().
-template <class Tr, bool kDropout, class Mask = step4::CausalMask>
+// Rows: where a sequence's rows live (packed_rows.h: DenseRows, or a packed batch's PackedRows).
+template <class Tr, bool kDropout, class Mask = step4::CausalMask, class Rows = DenseRows>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
-                const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
+                const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp,
+                const Rows rows) {
   using T = typename Tr::T;
   constexpr int D = Tr::D, Bc = Tr::Bc, Bq = Tr::Bq, kStages = Tr::kStages;
   constexpr int kQTiles = Bq / 8;  // n8 tiles of S^T and dP^T (query columns)
@@ -69,10 +71,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const Mask mask(p);                                // which keys each query sees (step 4's mask.h)
+  // The block's sequence as a problem of its own (a packed batch's; the dense batch is p itself), its mask.
+  const int b_block = int(blockIdx.x / unsigned((p.Nk + Bc - 1) / Bc)) / p.Hkv;  // KeyBlockWork's b
+  const auto& seq = rows.keys(p, b_block);
+  const Mask mask(seq);                              // which keys each query sees (step 4's mask.h)
   const KeyBlockWork w(p, mask, Bc, Bq, /*rotate=*/false);  // which keys, which query tiles (device.cuh)
   const int k0 = w.k0;
-  auto load_q_do_tiles = [&](int it) { load_q_do<Tr>(sm, ring, w, p.Hq, it, &tm_q, &tm_do); };
+  if (rows.keys_past_end(k0, seq)) return;  // a packed batch's block past its sequence's last key: no work
+  auto load_q_do_tiles = [&](int it) { load_q_do<Tr>(sm, ring, w, p.Hq, it, &tm_q, &tm_do, rows); };
 
   // ---- prologue: barriers, then K, V and the first kStages Q/dO tiles in flight ------------------------
   if (threadIdx.x == 0) {
@@ -83,7 +89,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
   if (threadIdx.x == 0) {
     ptx::mbar_arrive_expect_tx(&sm.kv_full, 2 * Tr::kKVBytes);  // K and V: one barrier for both tiles
-    tma_load_pair<typename Tr::KVTile>(sm.k, &tm_k, sm.v, &tm_v, k0, w.bh_kv, &sm.kv_full);
+    const step4::KvTileAt at = rows.tile(w.b, w.bh_kv, k0);  // (row k0, head w.bh_kv), or its packed place
+    tma_load_pair<typename Tr::KVTile>(sm.k, &tm_k, sm.v, &tm_v, at.row, at.bh, &sm.kv_full);
     for (int n = 0; n < kStages && n < w.n_iter; ++n) load_q_do_tiles(n);
   }
   ptx::mbar_wait(&sm.kv_full, 0);  // K and V have landed (read for the whole kernel, never overwritten)
@@ -94,11 +101,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   for (int it = 0; it < w.n_iter; ++it) {
     const int h = w.head(it), q0 = w.q0(it);
-    const int64_t row_off = (int64_t(w.b) * p.Hq + h) * p.Nq;  // LSE and D of head h start here
+    const int64_t row_off = rows.lse_at(w.b, w.b * p.Hq + h, (int64_t(w.b) * p.Hq + h) * p.Nq, 0);  // LSE and D of head h
     const uint32_t q_base = ptx::smem_u32(sm.q[ring.slot(it)]), do_base = ptx::smem_u32(sm.dout[ring.slot(it)]);
 
     float lse2[kQTiles][2], d_i[kQTiles][2];  // of this thread's query columns q0 + 8nt + 2t + c
-    load_lse_d(lse2, d_i, bp, row_off, q0);
+    load_lse_d(lse2, d_i, bp, row_off, q0, seq.Nq);
 
     // S^T = K Q^T and dPd^T = V dO^T: [16 keys, Bq queries] per warp. A = this warp's 16 rows of K (V),
     // B = Q (dO) rows with k = head dim: step 4's Q K^T with keys and queries swapped.
@@ -163,9 +170,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   // ---- epilogue: every key row of the tile written once (zeros if no query sees it) ---------------------
-  const int64_t kv_off = int64_t(w.bh_kv) * p.Nk * D;
-  store_rows<T, D>(static_cast<T*>(bp.dk) + kv_off, dk, k0 + 16 * warp, p.Nk, p.scale);
-  store_rows<T, D>(static_cast<T*>(bp.dv) + kv_off, dv, k0 + 16 * warp, p.Nk, 1.0f);
+  const RowsAt out = rows.kv_rows(p, w.b, w.bh_kv, D);  // the rows of (b, KV head) in dK and dV
+  store_rows<T, D>(static_cast<T*>(bp.dk) + out.first, dk, k0 + 16 * warp, seq.Nk, p.scale, 0, out.stride);
+  store_rows<T, D>(static_cast<T*>(bp.dv) + out.first, dv, k0 + 16 * warp, seq.Nk, 1.0f, 0, out.stride);
 }
 
 }  // namespace fa::step5

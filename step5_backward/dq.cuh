@@ -28,10 +28,12 @@
 namespace fa::step5 {
 
 // grid = ceil(Nq / Br) * Hq * B, block = 32 * Warps threads, dynamic shared memory DqSmem<Tr>::kBytes().
-template <class Tr, bool kDropout, class Mask = step4::CausalMask>
+// Rows: where a sequence's rows live (packed_rows.h: DenseRows, or a packed batch's PackedRows).
+template <class Tr, bool kDropout, class Mask = step4::CausalMask, class Rows = DenseRows>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
-              const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp) {
+              const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v, const BwdParams bp,
+              const Rows rows) {
   using T = typename Tr::T;
   constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   constexpr int kSTiles = Bc / 8;  // n8 tiles of S and dP (key columns)
@@ -45,15 +47,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const Mask mask(p);                                // which keys each row sees (step 4's mask.h)
+  // The block's sequence as a problem of its own (a packed batch's; the dense batch is p itself), its mask.
+  const int b_block = int(blockIdx.x / unsigned((p.Nq + Br - 1) / Br)) / p.Hq;  // QueryTileWork's b
+  const auto& seq = rows.keys(p, b_block);
+  const Mask mask(seq);                              // which keys each row sees (step 4's mask.h)
   const step4::QueryTileWork w(p, mask, Br, Bc, blockIdx.x);  // step 4's schedule
   const int b = w.b, h = w.h, bh = w.bh, m0 = w.m0;
+  if (rows.past_end(m0, seq)) return;  // a packed batch's tile past its sequence's last query: no work
+  // The K/V tiles the tile's rows of Q see: w's, but up to the sequence's last row (a packed batch's tile may
+  // end past it; in the dense batch this is w's own range).
+  const TileRange keys = mask.key_tiles(m0, min(m0 + Br, seq.Nq) - 1, Bc);
+  const int n_begin = keys.begin, n_tiles = keys.count();
 
   // One thread issues every TMA copy: K and V tile n (from the first tile the rows see) into its slot of the ring.
   auto load_k_v = [&](int n) {
     uint64_t* bar = ring.expect(n, 2 * Tr::kKVBytes);  // K and V: one barrier for both tiles
-    tma_load_pair<typename Tr::KVTile>(sm.k[ring.slot(n)], &tm_k, sm.v[ring.slot(n)], &tm_v, (w.n_begin + n) * Bc,
-                                       w.bh_kv, bar);
+    const step4::KvTileAt at = rows.tile(b, w.bh_kv, (n_begin + n) * Bc);  // or its packed place
+    tma_load_pair<typename Tr::KVTile>(sm.k[ring.slot(n)], &tm_k, sm.v[ring.slot(n)], &tm_v, at.row, at.bh, bar);
   };
 
   // ---- prologue: barriers, then Q, dO and the first kStages K/V tiles in flight ------------------------
@@ -65,8 +75,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   __syncthreads();  // the barriers exist before any thread waits on them or TMA signals them
   if (threadIdx.x == 0) {
     ptx::mbar_arrive_expect_tx(&sm.q_full, 2 * Tr::kQBytes);  // Q and dO: one barrier for both tiles
-    tma_load_pair<typename Tr::QTile>(sm.q, &tm_q, sm.dout, &tm_do, m0, bh, &sm.q_full);
-    for (int n = 0; n < kStages && n < w.n_tiles; ++n) load_k_v(n);
+    const step4::KvTileAt at = rows.q_tile(b, bh, m0);  // (row m0, head bh), or its packed place
+    tma_load_pair<typename Tr::QTile>(sm.q, &tm_q, sm.dout, &tm_do, at.row, at.bh, &sm.q_full);
+    for (int n = 0; n < kStages && n < n_tiles; ++n) load_k_v(n);
   }
 
   // Q and dO: shared -> registers, once; warp w holds rows 16w .. 16w+15 as A fragments of every k16 step.
@@ -84,9 +95,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float lse2[2], d_i[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const bool in_q = row_g + 8 * r < p.Nq;
-    lse2[r] = in_q ? p.lse[int64_t(bh) * p.Nq + row_g + 8 * r] * kLog2e : INFINITY;  // past Q: P = 0 (device.cuh)
-    d_i[r] = in_q ? bp.dsum[int64_t(bh) * p.Nq + row_g + 8 * r] : 0.0f;
+    const bool in_q = row_g + 8 * r < seq.Nq;
+    const int64_t at = rows.lse_at(b, bh, int64_t(bh) * p.Nq + row_g + 8 * r, row_g + 8 * r);  // of LSE and D
+    lse2[r] = in_q ? p.lse[at] * kLog2e : INFINITY;  // past Q: P = 0 (device.cuh)
+    d_i[r] = in_q ? bp.dsum[at] : 0.0f;
   }
 
   // This thread's rows g and g + 8 as the mask sees them, and the block's rows for its tile test.
@@ -94,7 +106,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const typename Mask::Span block_rows = mask.span(m0, m0 + Br - 1);
 
   float dq[kDTiles][4] = {};  // rows g, g+8 of the warp; columns 8nd + 2t, +1
-  for (int n = 0; n < w.n_tiles; ++n) {
+  for (int n = 0; n < n_tiles; ++n) {
     const uint32_t k_base = ptx::smem_u32(sm.k[ring.slot(n)]);
     const uint32_t v_base = ptx::smem_u32(sm.v[ring.slot(n)]);
 
@@ -111,11 +123,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         load_b<Bc>(vb, v_base, np * 16, kk);
         step4::mma_two_n8<T>(dp, np, doa[kk], vb);
       }
-    ring.refill(n, w.n_tiles, load_k_v);  // after this warp's first products: the other warps are likely done with n - 1
+    ring.refill(n, n_tiles, load_k_v);  // after this warp's first products: the other warps are likely done with n - 1
 
     // Dropout's keep mask of this tile (step 4's DropoutMask: one Philox call per pair of threads).
     step4::DropoutMask keep{};
-    const int key0 = (w.n_begin + n) * Bc;  // the tile's first key
+    const int key0 = (n_begin + n) * Bc;  // the tile's first key
     if constexpr (kDropout) keep = step4::DropoutMask::draw<kSTiles>(p.dropout, b, h, row_g, key0 + 2 * t);
 
     // Element-wise, on the C fragments: s[nt][e] is row row_g + 8 (e / 2), key key0 + 8nt + 2t + e % 2.
@@ -155,7 +167,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   // ---- epilogue: every row of the tile below Nq written once (zeros for a row that sees no key) ---------
-  store_rows<T, D>(static_cast<T*>(bp.dq) + int64_t(bh) * p.Nq * D, dq, m0 + 16 * warp, p.Nq, p.scale);
+  const RowsAt out = rows.q_rows(p, b, bh, D);  // the rows of (b, head) in dQ
+  store_rows<T, D>(static_cast<T*>(bp.dq) + out.first, dq, m0 + 16 * warp, seq.Nq, p.scale, 0, out.stride);
 }
 
 }  // namespace fa::step5

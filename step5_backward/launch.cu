@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/varlen.h"
 #include "gpu/gpu_runner.h"
 #include "gpu/gpu_types.h"
 #include "gpu/platform.h"
@@ -32,13 +33,18 @@
 #include "step5_backward/backward.h"
 #include "step5_backward/configs.h"
 #include "step5_backward/device.cuh"
+#include "step5_backward/packed_rows.h"
 #include "step5_backward/preprocess.cuh"
+#include "step4_fused_pipelined/packed_batch.h"
 
 namespace fa::step5 {
 
 // Set-up of the configuration named `name` (prepare.cuh); instances_*.cu compile one per dtype and head dim.
 template <typename T, int D>
 std::function<void()> prepare_named(const std::string& name, const Problem& p, const BwdParams& bp);
+template <typename T, int D>
+std::function<void()> prepare_packed_named(const std::string& name, const Problem& p, const BwdParams& bp,
+                                           const PackedRows& rows, int64_t total_q, int64_t total_k);
 
 std::string with_forward(const std::string& variant, const std::string& forward) {
   return variant + "/fwd=" + forward;
@@ -153,6 +159,59 @@ class BackwardRunner final : public GpuRunner {
   bool dbias_adds_ = false;          // the atomic kernel adds a broadcast bias's dS_pre into dBias
 };
 
+// A packed batch (core/varlen.h): step 4g's forward and the deterministic kernels over PackedRows
+// (packed_rows.h), each pass one launch per kernel; the outputs in the packed layout, poisoned first.
+class PackedBackwardRunner final : public GpuRunner {
+ public:
+  PackedBackwardRunner(const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant)
+      : GpuRunner(packed_grid_problem(p, v), with_a_row(p, packed)), total_q_(v.total_q()), total_k_(v.total_k()) {
+    const std::vector<int32_t> words = step4::packed_words(v);
+    cu_ = DeviceBuffer(words.size() * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpy(cu_.get(), words.data(), cu_.bytes(), cudaMemcpyHostToDevice));
+    const PackedRows rows = step4::packed_batch_at<PackedRows>(cu_.as<int>(), v, p.Hq, p.Hkv);
+    const auto [bwd, fwd] = split_variant(variant);
+    forward_ = step4::make_packed_forward(p_, params_, rows, total_q_, total_k_, fwd);
+    if (!p.backward) return;
+    const Inputs in = with_a_row(p, packed);
+    const size_t bytes = size_t(dtype_bytes(p.dtype));
+    do_ = upload(in.dout, p.dtype);
+    dsum_ = DeviceBuffer(in.q.size() / size_t(p.d) * sizeof(float));  // [Hq, total_q]
+    dq_ = DeviceBuffer(in.q.size() * bytes);
+    dk_ = DeviceBuffer(in.k.size() * bytes);
+    dv_ = DeviceBuffer(in.v.size() * bytes);
+    for (DeviceBuffer* b : {&dsum_, &dq_, &dk_, &dv_}) b->poison();
+    const std::string config = config_of(p_, bwd, compute_capability_major());
+    const BwdParams bp{params_, do_.get(), dsum_.as<float>(), dq_.get(), nullptr, dk_.get(), dv_.get(), nullptr};
+    dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t) {
+      dispatch_head_dim(int(p.d), [&](auto dim) {
+        backward_ = prepare_packed_named<decltype(t), decltype(dim)::value>(config, p_, bp, rows, total_q_, total_k_);
+      });
+    });
+  }
+  void run() override { forward_(); }
+  void run_backward() override {
+    if (!backward_) throw std::logic_error("step5_backward: run_backward() needs dO (a problem with backward set)");
+    backward_();
+  }
+  Outputs outputs() override {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Outputs out;
+    out.o = download(o_, p_.dtype, {total_q_, p_.Hq, p_.d});
+    out.lse = download_f32(lse_, {p_.Hq, total_q_});
+    if (backward_) {
+      out.dq = download(dq_, p_.dtype, {total_q_, p_.Hq, p_.d});
+      out.dk = download(dk_, p_.dtype, {total_k_, p_.Hkv, p_.d});
+      out.dv = download(dv_, p_.dtype, {total_k_, p_.Hkv, p_.d});
+    }
+    return out;
+  }
+
+ private:
+  int64_t total_q_, total_k_;
+  DeviceBuffer cu_, do_, dsum_, dq_, dk_, dv_;
+  std::function<void()> forward_, backward_;
+};
+
 }  // namespace
 
 std::unique_ptr<Runner> make_runner(const Problem& p, const Inputs& in, const std::string& variant,
@@ -166,9 +225,12 @@ Stage stage() {
   s.title = "backward: dK/dV + dQ kernels (deterministic) or one kernel with atomic dQ; TMA ring, mma.sync";
   s.platform = &tma_platform();  // every kernel loads through TMA: sm_90 and later (gpu/platform.h)
   s.has_backward = true;
-  // A packed batch (core/varlen.h): sequence by sequence, each a dense problem of one launch per pass (the
-  // loop of make_varlen_runner); only step 4's forward has a scheduler of its own (4g, packed_batch.h).
+  // A packed batch (core/varlen.h): step 4g's forward, then the deterministic kernels over the packed rows
+  // (packed_rows.h), one launch each.
   s.has_varlen = true;
+  s.make_varlen = [](const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant) -> std::unique_ptr<Runner> {
+    return std::make_unique<PackedBackwardRunner>(p, v, packed, variant);
+  };
   // "atomic-sm120" runs the atomic variant's sm_120 tiles on any GPU (the H100 test grid).
   s.variants = {"deterministic", "atomic", "atomic-sm120"};
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});

@@ -125,14 +125,82 @@ std::function<void()> prepare(const Problem& p, const BwdParams& bp) {
       preprocess();
       CUDA_CHECK(cudaEventRecord(side->fork, 0));
       CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->fork, 0));
-      dkdv<<<kv_blocks, KV::kThreads, kKvSmem>>>(kv_q, kv_do, kv_k, kv_v, bp);
+      dkdv<<<kv_blocks, KV::kThreads, kKvSmem>>>(kv_q, kv_do, kv_k, kv_v, bp, DenseRows{});
       CUDA_CHECK_LAUNCH();
-      dq<<<q_blocks, DQ::kThreads, kQSmem, side->stream>>>(dq_q, dq_do, dq_k, dq_v, bp);
+      dq<<<q_blocks, DQ::kThreads, kQSmem, side->stream>>>(dq_q, dq_do, dq_k, dq_v, bp, DenseRows{});
       CUDA_CHECK_LAUNCH();
       CUDA_CHECK(cudaEventRecord(side->join, side->stream));
       CUDA_CHECK(cudaStreamWaitEvent(0, side->join, 0));  // the default stream (and its timer) waits for dQ
     };
   }
+}
+
+// A packed batch's backward (packed_rows.h): the deterministic kernels with PackedRows, one launch each, at
+// the grids of the longest sequences (p: B sequences, Nq = max_seqlen_q, Nk = max_seqlen_k); Q, dO [total_q,
+// Hq, d] and K, V [total_k, Hkv, d] through tensor maps over the packed layout (gpu/tma.h). The mask kernels
+// are 4g's: the plain one, the mask alone, or every value modifier tested at run time.
+template <class Cfg>
+std::function<void()> prepare_packed(const Problem& p, const BwdParams& bp, const PackedRows& rows, int64_t total_q,
+                                     int64_t total_k) {
+  static_assert(!Cfg::kAtomic && Cfg::kHasMods, "a packed batch runs the deterministic kernels");
+  using KV = typename Cfg::DkDv;
+  using DQ = typename Cfg::Dq;
+  using T = typename KV::T;
+  constexpr int D = KV::D;
+  const AttnParams& a = bp.a;
+  const int kind = step4::mods_kind(p);
+  auto pick = [&](auto kernel_of) {
+    return kind == 0          ? kernel_of(std::type_identity<step4::CausalMask>{})
+           : kind == kModMask ? kernel_of(std::type_identity<step4::ScoreMods<kModMask>>{})
+                              : kernel_of(std::type_identity<step4::ScoreMods<step4::kModAll>>{});
+  };
+  auto dkdv = pick([](auto m) { return dkdv_kernel<KV, false, typename decltype(m)::type, PackedRows>; });
+  auto dq = pick([](auto m) { return dq_kernel<DQ, false, typename decltype(m)::type, PackedRows>; });
+  constexpr size_t kKvSmem = DkDvSmem<KV>::kBytes(), kQSmem = DqSmem<DQ>::kBytes();
+  allow_smem(dkdv, kKvSmem);
+  allow_smem(dq, kQSmem);
+  const CUtensorMap kv_q = make_tensor_map_packed(a.q, p.dtype, total_q, p.Hq, D, KV::Bq);
+  const CUtensorMap kv_do = make_tensor_map_packed(bp.dout, p.dtype, total_q, p.Hq, D, KV::Bq);
+  const CUtensorMap kv_k = make_tensor_map_packed(a.k, p.dtype, total_k, p.Hkv, D, KV::Bc);
+  const CUtensorMap kv_v = make_tensor_map_packed(a.v, p.dtype, total_k, p.Hkv, D, KV::Bc);
+  const CUtensorMap dq_q = make_tensor_map_packed(a.q, p.dtype, total_q, p.Hq, D, DQ::Br);
+  const CUtensorMap dq_do = make_tensor_map_packed(bp.dout, p.dtype, total_q, p.Hq, D, DQ::Br);
+  const CUtensorMap dq_k = make_tensor_map_packed(a.k, p.dtype, total_k, p.Hkv, D, DQ::Bc);
+  const CUtensorMap dq_v = make_tensor_map_packed(a.v, p.dtype, total_k, p.Hkv, D, DQ::Bc);
+  const int64_t rows_o = total_q * p.Hq;
+  const unsigned pre_blocks = grid_size((rows_o + kPreprocessWarps - 1) / kPreprocessWarps);
+  const unsigned kv_blocks = grid_size((p.Nk + KV::Bc - 1) / KV::Bc * p.B * p.Hkv);
+  const unsigned q_blocks = grid_size((p.Nq + DQ::Br - 1) / DQ::Br * p.B * p.Hq);
+  const int Hq = int(p.Hq);
+  auto side = std::make_shared<SideStream>();
+  return [=] {
+    if (rows_o > 0) {
+      preprocess_kernel<T, true><<<pre_blocks, 32 * kPreprocessWarps>>>(static_cast<const T*>(a.o),
+                                                                        static_cast<const T*>(bp.dout), bp.dsum, rows_o, D, Hq);
+      CUDA_CHECK_LAUNCH();
+    }
+    CUDA_CHECK(cudaEventRecord(side->fork, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->fork, 0));
+    if (kv_blocks > 0) {  // every key row of dK and dV written (zeros for a sequence with no query)
+      dkdv<<<kv_blocks, KV::kThreads, kKvSmem>>>(kv_q, kv_do, kv_k, kv_v, bp, rows);
+      CUDA_CHECK_LAUNCH();
+    }
+    if (q_blocks > 0) {
+      dq<<<q_blocks, DQ::kThreads, kQSmem, side->stream>>>(dq_q, dq_do, dq_k, dq_v, bp, rows);
+      CUDA_CHECK_LAUNCH();
+    }
+    CUDA_CHECK(cudaEventRecord(side->join, side->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(0, side->join, 0));
+  };
+}
+template <typename T, int D>
+std::function<void()> prepare_packed_named(const std::string& name, const Problem& p, const BwdParams& bp,
+                                           const PackedRows& rows, int64_t total_q, int64_t total_k) {
+  std::function<void()> f;
+  if (!with_config_named(name, typename Configs<T, D>::Packed{},
+                         [&](auto cfg) { f = prepare_packed<typename decltype(cfg)::type>(p, bp, rows, total_q, total_k); }))
+    throw std::invalid_argument("step 5 runs a packed batch in its deterministic default (--variant deterministic), not " + name);
+  return f;
 }
 
 // The closure of the configuration of Configs<T, D>::All named `name` (launch.cu declares this; the

@@ -18,10 +18,12 @@ namespace fa::step5 {
 
 constexpr int kPreprocessWarps = 8;  // rows per block of 256 threads
 
-// grid = ceil(rows / kPreprocessWarps), block = 32 * kPreprocessWarps; rows = B * Hq * Nq.
-template <typename T>
+// grid = ceil(rows / kPreprocessWarps), block = 32 * kPreprocessWarps; rows = B * Hq * Nq. kPacked: O and dO
+// are a packed batch's [total_q, Hq, d] (rows = total_q * heads), and D goes where the LSE is, [Hq, total_q].
+template <typename T, bool kPacked = false>
 __global__ void __launch_bounds__(32 * kPreprocessWarps)
-    preprocess_kernel(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ dsum, int64_t rows, int d) {
+    preprocess_kernel(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ dsum, int64_t rows, int d,
+                      int heads = 1) {
   const int64_t row = int64_t(blockIdx.x) * kPreprocessWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -29,7 +31,7 @@ __global__ void __launch_bounds__(32 * kPreprocessWarps)
   for (int c = lane; c < d; c += 32) acc += to_float(o[row * d + c]) * to_float(dout[row * d + c]);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) dsum[row] = acc;
+  if (lane == 0) dsum[kPacked ? row % heads * (rows / heads) + row / heads : row] = acc;
 }
 
 constexpr int kConvertThreads = 256;

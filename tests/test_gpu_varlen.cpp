@@ -7,6 +7,9 @@
 // d = 64 and 128, at the tiles of both defaults. Each run launches twice, the second time over poisoned
 // outputs, so every element is written by every launch. The scheduler's test counts the K/V tiles the blocks
 // walk against brute force: the (query tile, key tile) pairs of each sequence that hold a visible pair.
+#include <cstring>
+#include <tuple>
+
 #include "core/score_mod.h"
 #include "core/varlen.h"
 #include "gpu/gpu_runner.h"
@@ -105,42 +108,58 @@ TEST_P(GpuVarlen, MatchesEachSequenceOnStep1) {
 INSTANTIATE_TEST_SUITE_P(Step4, GpuVarlen, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<PackedCase>& info) { return param_name(packed_name(info.param)); });
 
-// Steps 5 and 7 run a packed batch sequence by sequence (core/varlen.h's loop of their dense runs), forward
-// and backward: O, LSE, dQ, dK and dV against step 1 under the rule.
-struct LoopCase {
+// The backward of a packed batch: step 5's deterministic kernels over the packed rows (packed_rows.h), and
+// step 7 sequence by sequence (core/varlen.h's loop). O, LSE, dQ, dK and dV against step 1 under the rule
+// (every element written: the gradients start poisoned); step 5's gradients repeat bit for bit.
+struct BwdCase {
   std::string stage;
-  int64_t d;
-  bool causal;
-  DType dtype;
+  PackedCase c;
 };
-class GpuVarlenLoop : public ::testing::TestWithParam<LoopCase> {};
+class GpuVarlenBackward : public ::testing::TestWithParam<BwdCase> {};
 
-TEST_P(GpuVarlenLoop, ForwardAndBackwardMatchStep1) {
-  const LoopCase& l = GetParam();
-  const PackedCase c{{0, 1, 17, 300, 129}, {0, 1, 17, 300, 200}, 8, 2, l.d, l.causal, l.dtype, "", ""};
-  const Varlen v = varlen_from_lengths(c.lq, c.lk);
-  Problem p = packed_problem(c, v);
+TEST_P(GpuVarlenBackward, MatchesStep1AndRepeats) {
+  const BwdCase& bc = GetParam();
+  const Varlen v = varlen_from_lengths(bc.c.lq, bc.c.lk);
+  Problem p = packed_problem(bc.c, v);
   p.backward = true;
-  if (std::none_of(stages().begin(), stages().end(), [&](const Stage& st) { return st.name == l.stage; }))
-    GTEST_SKIP() << l.stage << " is not built (step 7: only for sm_90)";
+  if (std::none_of(stages().begin(), stages().end(), [&](const Stage& st) { return st.name == bc.stage; }))
+    GTEST_SKIP() << bc.stage << " is not built (step 7: only for sm_90)";
   const Stage* s = nullptr;
   std::string variant;
-  if (const std::string why = resolve(l.stage, s, variant); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = resolve(bc.stage, s, variant); !why.empty()) GTEST_SKIP() << why;
+  variant = s->variants.front();  // the default, as the command line runs it
   const Inputs in = random_packed_inputs(p, v);
   auto runner = make_varlen_runner(*s, p, v, in, variant);
   runner->run();
   runner->run_backward();
-  expect_pass(check_against(varlen_oracle(reference_oracle(), v), p, in, runner->outputs()));
+  const Outputs first = runner->outputs();
+  expect_pass(check_against(varlen_oracle(reference_oracle(), v), p, in, first));
+  if (bc.stage != "step5_backward") return;
+  runner->run_backward();
+  const Outputs again = runner->outputs();
+  for (const auto& [a, b, name] : {std::tuple{&first.dq, &again.dq, "dQ"}, {&first.dk, &again.dk, "dK"}, {&first.dv, &again.dv, "dV"}})
+    EXPECT_EQ(0, std::memcmp(a->data.data(), b->data.data(), a->data.size() * sizeof(float))) << name << " differs run to run";
 }
 
-INSTANTIATE_TEST_SUITE_P(Steps5And7, GpuVarlenLoop,
-                         ::testing::Values(LoopCase{"step5_backward", 64, true, DType::bf16},
-                                           LoopCase{"step5_backward", 128, false, DType::fp16},
-                                           LoopCase{"step7_hopper_wgmma", 64, false, DType::bf16},
-                                           LoopCase{"step7_hopper_wgmma", 128, true, DType::bf16}),
-                         [](const ::testing::TestParamInfo<LoopCase>& info) {
-                           return param_name(info.param.stage + "_d" + std::to_string(info.param.d) +
-                                             (info.param.causal ? "_causal" : "") + "_" + dtype_name(info.param.dtype));
+std::vector<BwdCase> backward_cases() {
+  const std::vector<int64_t> self = {0, 1, 17, 300, 129, 64};
+  const std::vector<int64_t> cross_q = {5, 0, 200, 64, 7}, cross_k = {300, 10, 0, 64, 3};
+  std::vector<BwdCase> out;
+  for (int64_t d : {64, 128}) {
+    out.push_back({"step5_backward", {self, self, 8, 2, d, true, DType::bf16, "", ""}});
+    out.push_back({"step5_backward", {self, self, 8, 2, d, false, DType::fp16, "", ""}});
+    out.push_back({"step5_backward", {cross_q, cross_k, 4, 4, d, true, DType::bf16, "", ""}});
+    out.push_back({"step5_backward", {cross_q, cross_k, 8, 1, d, false, DType::bf16, "", ""}});
+    out.push_back({"step5_backward", {self, self, 8, 2, d, true, DType::bf16, "window", ""}});
+    out.push_back({"step5_backward", {self, self, 8, 2, d, true, DType::fp16, "alibi+softcap", ""}});
+    out.push_back({"step7_hopper_wgmma", {self, self, 8, 2, d, d == 128, DType::bf16, "", ""}});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps5And7, GpuVarlenBackward, ::testing::ValuesIn(backward_cases()),
+                         [](const ::testing::TestParamInfo<BwdCase>& info) {
+                           return param_name(info.param.stage + "_" + packed_name(info.param.c));
                          });
 
 // The K/V tiles a packed batch's blocks walk, by brute force: for each sequence, head and query tile of Br
@@ -200,8 +219,9 @@ TEST(VarlenDeclarations, Step4RunsTheForwardOfAPackedBatch) {
   EXPECT_TRUE(s.has_varlen);
   EXPECT_TRUE(bool(s.make_varlen));
   EXPECT_FALSE(find_stage("step3_naive_kernel").has_varlen);
-  for (const Stage& st : stages())  // steps 5 and 7 (where built): sequence by sequence, no scheduler
-    if (st.name == "step5_backward" || st.name == "step7_hopper_wgmma") EXPECT_TRUE(st.has_varlen && !st.make_varlen) << st.name;
+  EXPECT_TRUE(find_stage("step5_backward").has_varlen && find_stage("step5_backward").make_varlen);  // its own kernels
+  for (const Stage& st : stages())  // step 7 (where built): sequence by sequence, no scheduler
+    if (st.name == "step7_hopper_wgmma") EXPECT_TRUE(st.has_varlen && !st.make_varlen) << st.name;
   const Varlen v = varlen_from_lengths({3, 4}, {3, 4});
   Problem p = packed_problem({{3, 4}, {3, 4}, 4, 2, 64, true, DType::bf16, "", "auto"}, v);
   p.dropout = 0.1f;
