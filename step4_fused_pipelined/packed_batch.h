@@ -17,8 +17,8 @@
 // as the tail of a dense K is; past the last token TMA reads zeros. The outputs are stored row by row (4f's
 // epilogue), each row at its packed place, so no store crosses into a neighbour.
 // Limits: one split per tile (varlen takes no --splits), no packed query heads (GQA reads K/V once per query
-// head), no dropout and no bias (core/varlen.h says why). Forward only: step 5's backward is still the loop
-// of dense problems (core/varlen.h's VarlenRunner).
+// head), no dropout and no bias (core/varlen.h says why). The backward over the same offsets is step 5's
+// (step5_backward/packed_rows.h).
 #pragma once
 #include <cstdint>
 #include <vector>
