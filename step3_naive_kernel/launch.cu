@@ -1,4 +1,5 @@
 // FlashAttention, step by step — step 3: launching the first CUDA kernel (step3_naive_kernel/launch.cu)
+#include "core/padded_head_dim.h"
 #include "kernel.cuh"
 #include "gpu/gpu_runner.h"
 #include "gpu/platform.h"
@@ -42,7 +43,7 @@ Stage stage() {
   s.make = [](const Problem& p, const Inputs& in, const std::string&) -> std::unique_ptr<Runner> {
     return std::make_unique<NaiveRunner>(p, in);
   };
-  return s;
+  return with_padded_head_dims(s);  // d = 32, 96, ...: on the next compiled head dim, zero-padded (core/padded_head_dim.h)
 }
 
 }  // namespace fa::step3

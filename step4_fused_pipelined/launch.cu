@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/padded_head_dim.h"
 #include "core/varlen.h"
 #include "gpu/gpu_runner.h"
 #include "gpu/gpu_types.h"
@@ -257,7 +258,7 @@ Stage stage() {
   s.make_varlen = [](const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant) -> std::unique_ptr<Runner> {
     return std::make_unique<PackedRunner>(p, v, packed, variant);
   };
-  return s;
+  return with_padded_head_dims(s);  // d = 32, 96, ...: on the next compiled head dim, zero-padded (core/padded_head_dim.h)
 }
 
 }  // namespace fa::step4

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/padded_head_dim.h"
 #include "core/varlen.h"
 #include "gpu/gpu_runner.h"
 #include "gpu/gpu_types.h"
@@ -279,7 +280,7 @@ Stage stage() {
   s.make = [](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
     return make_runner(p, in, v, step4::make_forward);
   };
-  return s;
+  return with_padded_head_dims(s);  // d = 32, 96, ...: on the next compiled head dim, zero-padded (core/padded_head_dim.h)
 }
 
 }  // namespace fa::step5

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/padded_head_dim.h"
 #include "gpu/config_list.h"
 #include "gpu/cuda_util.h"
 #include "gpu/gpu_types.h"
@@ -114,7 +115,7 @@ Stage stage() {
     // Step 5's runner: this stage's forward (the part after "/fwd="), and with --backward step 5's backward.
     return step5::make_runner(p, in, step5::with_forward("deterministic", v), make_forward);
   };
-  return s;
+  return with_padded_head_dims(s);  // d = 32, 96, ...: on the next compiled head dim, zero-padded (core/padded_head_dim.h)
 }
 
 }  // namespace fa::step7

@@ -145,6 +145,10 @@ class TorchGpu(unittest.TestCase, Check):
         self.check(torch.float32, "cuda", stage="step3_naive_kernel", Nq=64, Nk=96, Hq=4, Hkv=1, causal=True,
                    backward=False)  # step 3 has no backward
 
+    def test_head_dims_32_and_96_run_padded(self):
+        for d in (32, 96):
+            self.check(torch.bfloat16, "cuda", d=d, causal=True, Nq=96, Nk=160)
+
     def test_forward_only_stage_and_strides(self):
         torch.manual_seed(1)
         qkv = torch.randn(2, 128, 3, 4, 64, device="cuda", dtype=torch.bfloat16)
@@ -228,9 +232,9 @@ class TorchGpu(unittest.TestCase, Check):
             flash_step.attention(q, q, q, stage="step2_online_softmax")
         self.assertEqual(c.exception.status_name, "FS_UNSUPPORTED")
         self.assertIn("runs on the CPU", str(c.exception))
-        q96 = torch.randn(1, 64, 2, 96, device="cuda", dtype=torch.bfloat16)
+        q100 = torch.randn(1, 64, 2, 100, device="cuda", dtype=torch.bfloat16)  # 96 runs padded; 100 is no multiple of 8
         with self.assertRaises(flash_step.FlashStepError) as c:
-            flash_step.attention(q96, q96, q96, stage="step4_fused_pipelined")
+            flash_step.attention(q100, q100, q100, stage="step4_fused_pipelined")
         self.assertIn("head dim", str(c.exception))
 
 
