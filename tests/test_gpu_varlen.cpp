@@ -6,7 +6,9 @@
 // rows see nothing), GQA and MQA, the window, ALiBi, the softcap (scores far beyond it) and both, bf16 and fp16,
 // d = 64 and 128, at the tiles of both defaults. Each run launches twice, the second time over poisoned
 // outputs, so every element is written by every launch. The scheduler's test counts the K/V tiles the blocks
-// walk against brute force: the (query tile, key tile) pairs of each sequence that hold a visible pair.
+// walk against brute force: the (query tile, key tile) pairs of each sequence that hold a visible pair. The
+// backward: step 5's kernels over the packed rows (packed_rows.h), whose gradients repeat bit for bit, and
+// step 7 sequence by sequence, against step 1 the same way.
 #include <cstring>
 #include <tuple>
 
