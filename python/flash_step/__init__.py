@@ -41,7 +41,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=No
     """A packed variable-length batch, as flash_attn_varlen_func: q [total_q, Hq, d], k and v [total_k, Hkv, d],
     the sequences end to end; cu_seqlens_q/k (batch + 1 offsets from 0) say where each starts. Sequence b sees
     only its own keys (causal: bottom-right in them). Returns O [total_q, Hq, d] (and the LSE [Hq, total_q]).
-    The CPU stages run it (numpy arrays, or CPU torch tensors with autograd)."""
+    The CPU stages run numpy arrays and CPU torch tensors; CUDA torch tensors run on the GPU stages (step 4's
+    forward and step 5's backward read the offsets themselves); torch tensors have autograd."""
     if _is_torch(q):
         from . import _torch
         return _torch.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, stage, variant, return_lse)
