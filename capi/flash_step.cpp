@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "capi/staging.h"
+#include "capi/zero_copy.h"
 #include "core/host_memory.h"
 #include "core/varlen.h"
 #include "harness/registry.h"
@@ -25,6 +26,7 @@ namespace fa::capi {
 namespace {
 
 thread_local std::string last_error;
+thread_local int32_t last_copied = -1;  // fs_last_call_copied()
 
 // A failure with the status the caller gets.
 struct Failure : std::runtime_error {
@@ -274,11 +276,16 @@ Plan plan_call(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_a
   }
   std::string reasons;
   // Latest first; a packed batch goes first to a stage with a scheduler of its own (one launch, Stage::make_varlen:
-  // step 4's forward), before the stages that loop over its sequences.
+  // steps 5 and 4), before the stages that loop over its sequences, and device memory first to a stage with a
+  // zero-copy path (Stage::run_device: steps 5 and 4), which runs on the caller's tensors where the others copy
+  // them through the host (a step 7 call copies: 10x a tiny GPT's step time, python/examples/tiny_gpt).
+  auto first = [&](const Stage& s) {
+    return (varlen && s.has_varlen && s.make_varlen) || (pl.memory == FS_DEVICE && s.run_device);
+  };
   std::vector<const Stage*> order;
   for (int pass = 0; pass < 2; ++pass)
     for (auto it = stages().rbegin(); it != stages().rend(); ++it)
-      if ((varlen && it->has_varlen && it->make_varlen) == (pass == 0)) order.push_back(&*it);
+      if (first(*it) == (pass == 0)) order.push_back(&*it);
   for (const Stage* candidate : order) {
     const Stage& s = *candidate;
     if (s.gpu() != (pl.memory == FS_DEVICE) || s.name == kTuner) continue;
@@ -360,10 +367,22 @@ VOLse v_o_lse(const Plan& pl, const fs_tensor* v_arg, const fs_tensor* o_arg, co
   return {v, out, lse};
 }
 
-// Every tensor of the call where options->memory says, a host run's memory, then Q, K and V gathered for the stage.
-Inputs gather_qkv(const Plan& pl, const fs_tensor& q, const fs_tensor& k, const fs_tensor& v,
-                  std::initializer_list<std::pair<const fs_tensor*, const char*>> tensors) {
+// A device call on the caller's tensors where the stage has a zero-copy path that takes it (capi/zero_copy.h):
+// true once queued (fs_last_call_copied() then says 0); false when it must be copied through the host.
+bool zero_copy(const Plan& pl, const Varlen& v, const CallTensors& t) {
+  last_copied = pl.memory == FS_DEVICE ? 1 : -1;
+  if (pl.memory != FS_DEVICE || pl.fp64 || !run_zero_copy(*pl.stage, pl.variant, pl.p, v, pl.dtype, t)) return false;
+  last_copied = 0;
+  return true;
+}
+
+// Every tensor of the call where options->memory says.
+void check_memories(const Plan& pl, std::initializer_list<std::pair<const fs_tensor*, const char*>> tensors) {
   for (const auto& [t, name] : tensors) check_memory(pl, *t, name);
+}
+
+// A host run's memory, then Q, K and V gathered for the stage (the copy path).
+Inputs gather_qkv(const Plan& pl, const fs_tensor& q, const fs_tensor& k, const fs_tensor& v) {
   if (pl.memory == FS_HOST) check_host_memory(pl);
   Inputs in;
   in.q = gather_bnhd(q, pl.dtype, pl.memory);
@@ -377,7 +396,9 @@ void forward(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg
   const Plan pl = plan_call(o, q_arg, k_arg, false);
   const fs_tensor &q = *q_arg, &k = *k_arg;
   const VOLse t = v_o_lse(pl, v_arg, o_arg, lse_arg, /*written=*/true);
-  const Inputs in = gather_qkv(pl, q, k, t.v, {{&q, "q"}, {&k, "k"}, {&t.v, "v"}, {&t.o, "o"}, {&t.lse, "lse"}});
+  check_memories(pl, {{&q, "q"}, {&k, "k"}, {&t.v, "v"}, {&t.o, "o"}, {&t.lse, "lse"}});
+  if (zero_copy(pl, dense_as_packed(pl.p), {&q, &k, &t.v, &t.o, &t.lse})) return;
+  const Inputs in = gather_qkv(pl, q, k, t.v);
   run_plan(pl, in, [&](const auto& res) {
     scatter_bnhd(res.o, t.o, pl.dtype, pl.memory);
     scatter_lse(res.lse, t.lse, pl.memory);
@@ -400,8 +421,10 @@ void backward(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_ar
   same_shape(dk, "dk", {p.B, p.Nk, p.Hkv, p.d}, "k's [B, Nk, Hkv, d]");
   const fs_tensor& dv = tensor_arg(dv_arg, "dv", 4, true);
   same_shape(dv, "dv", {p.B, p.Nk, p.Hkv, p.d}, "k's [B, Nk, Hkv, d]");
-  Inputs in = gather_qkv(pl, q, k, t.v, {{&q, "q"}, {&k, "k"}, {&t.v, "v"}, {&t.o, "o"}, {&t.lse, "lse"},
-                                         {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}});
+  check_memories(pl, {{&q, "q"}, {&k, "k"}, {&t.v, "v"}, {&t.o, "o"}, {&t.lse, "lse"}, {&dout, "dout"}, {&dq, "dq"},
+                      {&dk, "dk"}, {&dv, "dv"}});
+  if (zero_copy(pl, dense_as_packed(pl.p), {&q, &k, &t.v, &t.o, &t.lse, &dout, &dq, &dk, &dv})) return;
+  Inputs in = gather_qkv(pl, q, k, t.v);
   in.dout = gather_bnhd(dout, pl.dtype, pl.memory);
   run_plan(pl, in, [&](const auto& res) {
     scatter_bnhd(res.dq, dq, pl.dtype, pl.memory);
@@ -455,7 +478,9 @@ void forward_kvcache(const fs_options* o, const fs_tensor* q_arg, const fs_tenso
   const Problem& p = pl.p;
   const auto [out, lse] = o_lse(pl, o_arg, lse_arg, /*written=*/true);
   // K and V gathered as they lie: paged, [pages, Hkv, P, d] (a page as a batch entry), then unpaged.
-  Inputs in = gather_qkv(pl, q, kc, vc, {{&q, "q"}, {&kc, "k_cache"}, {&vc, "v_cache"}, {&out, "o"}, {&lse, "lse"}});
+  check_memories(pl, {{&q, "q"}, {&kc, "k_cache"}, {&vc, "v_cache"}, {&out, "o"}, {&lse, "lse"}});
+  last_copied = pl.memory == FS_DEVICE ? 1 : -1;  // a KV cache is gathered into the stage's own (docs/interface.md)
+  Inputs in = gather_qkv(pl, q, kc, vc);
   if (paged) {
     in.k = unpage(in.k, block_table, B, pages_per_seq, p);
     in.v = unpage(in.v, block_table, B, pages_per_seq, p);
@@ -518,6 +543,11 @@ void varlen(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_arg,
     }
   }
   for (const auto& [t, name] : all) check_memory(pl, *t, name);
+  try {
+    if (zero_copy(pl, vl, {&q, &k, &v, &out, &lse, do_arg, dq_arg, dk_arg, dv_arg})) return;
+  } catch (const std::invalid_argument& e) {
+    fail(FS_UNSUPPORTED, e.what());
+  }
   Inputs in;
   in.q = gather_packed(q, pl.dtype, pl.memory);
   in.k = gather_packed(k, pl.dtype, pl.memory);
@@ -557,6 +587,8 @@ extern "C" {
 int32_t fs_version(void) { return FS_VERSION; }
 
 const char* fs_last_error(void) { return last_error.c_str(); }
+
+int32_t fs_last_call_copied(void) { return last_copied; }
 
 fs_options fs_default_options(void) {
   fs_options o{};

@@ -10,6 +10,14 @@
  *
  * Every call returns a status; on anything but FS_OK, fs_last_error() says why, in one sentence. No call
  * aborts, and no C++ exception crosses this interface. The last error is per thread.
+ *
+ * Device memory, two paths. The zero-copy path: a bf16/fp16 call on steps 4 or 5 (the default stage for device
+ * memory), d = 64 or 128, every [B, N, H, d] tensor contiguous and 16-byte aligned, runs the kernels on the
+ * caller's tensors, queued on the CUDA legacy default stream (stream 0): the call returns once they are queued,
+ * and work the caller queues on that stream afterwards sees the outputs. The LSE is read and written in place
+ * when laid out [Hq, B, Nq] (strides Nq, B * Nq, 1 of the [B, Hq, Nq] view), else through a device scratch.
+ * Every other device call copies its tensors through the host and returns when its outputs are complete.
+ * fs_last_call_copied() says which path a call took.
  */
 #ifndef FLASH_STEP_H
 #define FLASH_STEP_H
@@ -22,7 +30,7 @@ extern "C" {
 
 /* The interface's version: the major number changes when a call or a struct changes incompatibly. */
 #define FS_VERSION_MAJOR 1
-#define FS_VERSION_MINOR 1
+#define FS_VERSION_MINOR 2
 #define FS_VERSION (FS_VERSION_MAJOR * 1000 + FS_VERSION_MINOR)
 
 #if defined(__GNUC__)
@@ -75,6 +83,9 @@ typedef struct fs_options {
 FS_API int32_t fs_version(void);
 /* Why the last call of this thread failed, in one sentence; "" after a call that succeeded. */
 FS_API const char* fs_last_error(void);
+/* How this thread's last call that succeeded ran: 0 on the caller's device tensors in place (the zero-copy
+ * path), 1 through copies on the host, -1 for a call on host memory (or none yet). Since version 1.2. */
+FS_API int32_t fs_last_call_copied(void);
 
 /* Options with every field at its default: not causal, scale 1/sqrt(d), FS_FP32, FS_HOST, default stage. */
 FS_API fs_options fs_default_options(void);
@@ -107,7 +118,7 @@ FS_API fs_status fs_forward_kvcache(const fs_options* options, const fs_tensor* 
  * Sequence b's queries see only its own keys, causal bottom-right in them. The CPU stages run it sequence by
  * sequence (steps 1 and 2: core/varlen.h); on the GPU, step 4's forward (4g) and step 5's backward read the
  * offsets themselves, one launch per kernel, and step 7 runs the sequences one by one. Without a stage named, a
- * GPU call goes to step 5 (its forward is 4g). The backward's O and LSE are checked, not read. */
+ * GPU call goes to step 5 (its forward is 4g). The backward reads O and the LSE on the zero-copy path. */
 FS_API fs_status fs_forward_varlen(const fs_options* options, const fs_tensor* q, const fs_tensor* k,
                                    const fs_tensor* v, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
                                    int32_t batch, const fs_tensor* o, const fs_tensor* lse);
@@ -117,8 +128,8 @@ FS_API fs_status fs_backward_varlen(const fs_options* options, const fs_tensor* 
                                     const fs_tensor* dq, const fs_tensor* dk, const fs_tensor* dv);
 
 /* Backward: dQ, dK, dV from dO, with the O and LSE of the forward. dK and dV are summed over the query heads
- * of their KV head. In this version the stage recomputes O and LSE with its own forward (the stage interface
- * runs a backward after its forward: core/stage.h); the O and LSE given are checked, not read. */
+ * of their KV head. The zero-copy path reads the O and LSE given; the copy path recomputes them with the stage's
+ * own forward (the stage interface runs a backward after its forward: core/stage.h) and only checks them. */
 FS_API fs_status fs_backward(const fs_options* options, const fs_tensor* q, const fs_tensor* k,
                              const fs_tensor* v, const fs_tensor* o, const fs_tensor* lse, const fs_tensor* dout,
                              const fs_tensor* dq, const fs_tensor* dk, const fs_tensor* dv);

@@ -25,6 +25,16 @@ namespace fa {
 
 struct Varlen;  // a packed variable-length batch (core/varlen.h)
 
+// A packed batch (core/varlen.h's layout) whose tensors already live on the device, in the problem's dtype:
+// what Stage::run_device reads and writes. A dense [B, N, H, d] batch is one too (B sequences of N tokens).
+struct DeviceBatch {
+  const void *q, *k, *v;  // [total_q, Hq, d], [total_k, Hkv, d], contiguous, 16-byte aligned
+  void* o;                // [total_q, Hq, d]: written by a forward, read by a backward
+  float* lse;             // [Hq, total_q]: likewise
+  const void* dout;       // a backward's: dO like O
+  void *dq, *dk, *dv;     // a backward's outputs, like Q, K, V
+};
+
 struct Inputs {
   Tensor q;     // [B, Hq, Nq, d]
   Tensor k, v;  // [B, Hkv, Nk, d]
@@ -100,6 +110,13 @@ struct Stage {
   std::function<std::unique_ptr<Runner>(const Problem& p, const Varlen& v, const Inputs& packed,
                                         const std::string& variant)>
       make_varlen;
+  // The zero-copy path (the C interface's device calls, capi/): one pass of a packed batch whose tensors are on
+  // the device: with p.backward the backward, from the O and LSE given, otherwise the forward. Queued on the
+  // default stream, nothing copied; the only allocations (the offsets, a backward's D) are stream-ordered.
+  // Returns "" once queued, or why this call is not for it (a head dim without kernels, a modifier), before
+  // touching anything: the caller then copies through a Runner. Unset: Runners only. Steps 4 and 5 set it.
+  std::function<std::string(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant)>
+      run_device;
   // Stages that run another stage's kernels for a pass name it here (step 5's forward is step 4's), so a
   // test grid checks those kernels once, under the stage that owns them.
   std::string forward_from, backward_from;

@@ -56,6 +56,25 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Device memory for one queued call of the zero-copy path (core/stage.h, Stage::run_device): allocated and
+// freed in the default stream's order (cudaMallocAsync, cudaFreeAsync), so neither waits for the GPU. What is
+// queued between the two on the default stream (or joined back to it) may use it.
+class StreamBuffer {
+ public:
+  explicit StreamBuffer(size_t bytes);
+  // Holding a copy of host words, written by a kernel that carries them in its parameters: a copy from
+  // pageable host memory may wait for the stream, a launch does not (gpu/stream_buffer.cu).
+  explicit StreamBuffer(const std::vector<int32_t>& words);
+  ~StreamBuffer();
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+
+  template <typename T> T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
 // Uploads a float tensor stored as `t` (bf16, fp16 or fp32 on the device).
 DeviceBuffer upload(const Tensor& x, DType t);
 // Downloads `count` elements of type `t` into a float tensor of `shape`.

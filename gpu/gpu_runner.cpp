@@ -7,6 +7,23 @@
 
 namespace fa {
 
+AttnParams attn_params_of(const Problem& p) {
+  AttnParams a{};
+  a.B = int(p.B);
+  a.Hq = int(p.Hq);
+  a.Hkv = int(p.Hkv);
+  a.Nq = int(p.Nq);
+  a.Nk = int(p.Nk);
+  a.d = int(p.d);
+  a.group = int(p.group());
+  a.causal = p.causal;
+  a.input_pos = p.input_pos;
+  a.scale = p.scale;
+  a.scale_log2 = float(double(p.scale) * 1.4426950408889634);
+  a.dropout = make_dropout(p.dropout, p.seed);
+  return a;
+}
+
 GpuRunner::GpuRunner(const Problem& p, const Inputs& in) : p_(p) {
   q_ = upload(in.q, p.dtype);
   k_ = upload(in.k, p.dtype);
@@ -15,23 +32,12 @@ GpuRunner::GpuRunner(const Problem& p, const Inputs& in) : p_(p) {
   lse_ = DeviceBuffer(size_t(p.B * p.Hq * p.Nq) * sizeof(float));
   o_.poison();
   lse_.poison();
+  params_ = attn_params_of(p);
   params_.q = q_.get();
   params_.k = k_.get();
   params_.v = v_.get();
   params_.o = o_.get();
   params_.lse = lse_.as<float>();
-  params_.B = int(p.B);
-  params_.Hq = int(p.Hq);
-  params_.Hkv = int(p.Hkv);
-  params_.Nq = int(p.Nq);
-  params_.Nk = int(p.Nk);
-  params_.d = int(p.d);
-  params_.group = int(p.group());
-  params_.causal = p.causal;
-  params_.input_pos = p.input_pos;
-  params_.scale = p.scale;
-  params_.scale_log2 = float(double(p.scale) * 1.4426950408889634);
-  params_.dropout = make_dropout(p.dropout, p.seed);
   // Score modifiers: the bias as float32 with the strides of its broadcast, ALiBi's slopes always as an
   // array (the given ones or the standard series), so that a kernel reads its head's slope once.
   if (!p.has_score_mods()) return;

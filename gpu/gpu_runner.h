@@ -9,6 +9,9 @@
 
 namespace fa {
 
+// The parameter block of p without its tensors and score modifiers: shapes, mask, scale, dropout.
+AttnParams attn_params_of(const Problem& p);
+
 class GpuRunner : public Runner {
  public:
   // Uploads Q, K, V in the problem's dtype, allocates O and LSE and poisons them with NaN.

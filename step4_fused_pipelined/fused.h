@@ -25,6 +25,11 @@ std::function<void()> make_forward(const Problem& p, const AttnParams& params, c
 std::function<void()> make_packed_forward(const Problem& grid, const AttnParams& params, const PackedBatch& pb,
                                           int64_t total_q, int64_t total_k, const std::string& variant = "auto");
 
+// 4g on a packed batch already on the device (Stage::run_device, core/stage.h): "" once queued on the
+// default stream, or why the call is not for it (a head dim without kernels, modifiers, dropout, a variant
+// other than auto, sm90, sm120, an empty batch). Step 5's zero-copy forward is this.
+std::string run_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant = "auto");
+
 // 4g's scheduler, seen from a test: the K/V tiles the blocks of one run of a packed batch walk, all together
 // (p, v, packed and variant as for Stage::make_varlen).
 int64_t packed_tiles_walked(const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant);

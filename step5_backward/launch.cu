@@ -213,6 +213,31 @@ class PackedBackwardRunner final : public GpuRunner {
   std::function<void()> forward_, backward_;
 };
 
+// The zero-copy path (Stage::run_device): the forward is 4g's (step 4's run_device); the backward runs the
+// packed kernels on the caller's tensors, from the O and LSE it gives, with D in stream-ordered memory.
+std::string run_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant) {
+  const auto [bwd, fwd] = split_variant(variant);
+  if (!p.backward) return step4::run_device(p, v, t, fwd);
+  if (bwd != "deterministic") return "--variant " + bwd + " is not the packed kernels' (deterministic)";
+  if (std::string why = step4::unsupported(p); !why.empty()) return why;
+  if (p.d != 64 && p.d != 128) return "head dim " + std::to_string(p.d) + " runs zero-padded, on copies";
+  if (p.dropout > 0 || p.has_score_mods()) return "dropout and the score modifiers need their device buffers";
+  if (v.total_q() == 0 || v.total_k() == 0) return "a batch without queries or keys";
+  const Problem grid = packed_grid_problem(p, v);
+  const StreamBuffer words(step4::packed_words(v)), dsum(size_t(v.total_q() * p.Hq) * sizeof(float));
+  AttnParams a = attn_params_of(grid);
+  a.q = t.q, a.k = t.k, a.v = t.v, a.o = t.o, a.lse = t.lse;
+  const BwdParams bp{a, t.dout, dsum.as<float>(), t.dq, nullptr, t.dk, t.dv, nullptr};
+  const PackedRows rows = step4::packed_batch_at<PackedRows>(words.as<int>(), v, p.Hq, p.Hkv);
+  const std::string config = config_of(grid, bwd, compute_capability_major());
+  dispatch_dtype</*kAllowFp32=*/false>(p.dtype, [&](auto t_) {
+    dispatch_head_dim(int(p.d), [&](auto dim) {
+      prepare_packed_named<decltype(t_), decltype(dim)::value>(config, grid, bp, rows, v.total_q(), v.total_k())();
+    });
+  });
+  return "";  // dsum and words are freed behind the kernels: the dQ kernel's stream joined the default one
+}
+
 }  // namespace
 
 std::unique_ptr<Runner> make_runner(const Problem& p, const Inputs& in, const std::string& variant,
@@ -280,6 +305,7 @@ Stage stage() {
   s.make = [](const Problem& p, const Inputs& in, const std::string& v) -> std::unique_ptr<Runner> {
     return make_runner(p, in, v, step4::make_forward);
   };
+  s.run_device = run_device;  // the packed kernels on the caller's tensors (the C interface's zero-copy path)
   return with_padded_head_dims(s);  // d = 32, 96, ...: on the next compiled head dim, zero-padded (core/padded_head_dim.h)
 }
 

@@ -8,10 +8,12 @@
 // outputs, so every element is written by every launch. The scheduler's test counts the K/V tiles the blocks
 // walk against brute force: the (query tile, key tile) pairs of each sequence that hold a visible pair. The
 // backward: step 5's kernels over the packed rows (packed_rows.h), whose gradients repeat bit for bit, and
-// step 7 sequence by sequence, against step 1 the same way.
+// step 7 sequence by sequence, against step 1 the same way. The zero-copy path (Stage::run_device) gives the
+// Runners' bits.
 #include <cstring>
 #include <tuple>
 
+#include "core/dtype.h"
 #include "core/score_mod.h"
 #include "core/varlen.h"
 #include "gpu/gpu_runner.h"
@@ -164,6 +166,68 @@ INSTANTIATE_TEST_SUITE_P(Steps5And7, GpuVarlenBackward, ::testing::ValuesIn(back
                            return param_name(info.param.stage + "_" + packed_name(info.param.c));
                          });
 
+// The zero-copy path (Stage::run_device; the C interface's device calls): step 5's forward (4g) and backward on
+// tensors the test uploaded itself, the outputs poisoned first, give the bits of the same kernels run through
+// step 5's Runner (whose backward starts from its own forward's O and LSE, as run_device's is given them).
+class GpuZeroCopy : public ::testing::TestWithParam<PackedCase> {};
+
+TEST_P(GpuZeroCopy, GivesTheRunnersBits) {
+  const PackedCase& c = GetParam();
+  const Varlen v = varlen_from_lengths(c.lq, c.lk);
+  Problem p = packed_problem(c, v);
+  p.backward = true;
+  const Stage* s = nullptr;
+  std::string variant;
+  if (const std::string why = resolve("step5_backward", s, variant); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_TRUE(bool(s->run_device));
+  const Inputs in = random_packed_inputs(p, v);
+  auto runner = make_varlen_runner(*s, p, v, in, "deterministic");
+  runner->run();
+  runner->run_backward();
+  const Outputs want = runner->outputs();
+
+  DeviceBuffer q = upload(in.q, p.dtype), k = upload(in.k, p.dtype), vv = upload(in.v, p.dtype), dout = upload(in.dout, p.dtype);
+  const size_t es = size_t(dtype_bytes(p.dtype));
+  DeviceBuffer o(in.q.size() * es), lse(size_t(p.Hq * v.total_q()) * sizeof(float)), dq(in.q.size() * es),
+      dk(in.k.size() * es), dv(in.v.size() * es);
+  for (DeviceBuffer* b : {&o, &lse, &dq, &dk, &dv}) b->poison();
+  const DeviceBatch t{q.get(), k.get(), vv.get(), o.get(), lse.as<float>(), dout.get(), dq.get(), dk.get(), dv.get()};
+  Problem fwd = p;
+  fwd.backward = false;
+  ASSERT_EQ(s->run_device(fwd, v, t, "deterministic"), "");
+  ASSERT_EQ(s->run_device(p, v, t, "deterministic"), "");
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<int64_t> qs = {v.total_q(), p.Hq, p.d}, ks = {v.total_k(), p.Hkv, p.d};
+  for (const auto& [got, w, name] : {std::tuple{download(o, p.dtype, qs), &want.o, "O"},
+                                     {download_f32(lse, {p.Hq, v.total_q()}), &want.lse, "LSE"},
+                                     {download(dq, p.dtype, qs), &want.dq, "dQ"},
+                                     {download(dk, p.dtype, ks), &want.dk, "dK"},
+                                     {download(dv, p.dtype, ks), &want.dv, "dV"}})
+    EXPECT_EQ(0, std::memcmp(got.data.data(), w->data.data(), got.data.size() * sizeof(float))) << name;
+  // What it leaves to the copy path: another head dim, the score modifiers, another variant, no keys at all.
+  Problem d96 = p, mods = p;
+  d96.d = 96;
+  mods.softcap = 0.5f;
+  EXPECT_NE(s->run_device(d96, v, t, "deterministic"), "");
+  EXPECT_NE(s->run_device(mods, v, t, "deterministic"), "");
+  EXPECT_NE(s->run_device(p, v, t, "atomic"), "");
+  EXPECT_NE(s->run_device(p, varlen_from_lengths({3}, {0}), t, "deterministic"), "");
+}
+
+std::vector<PackedCase> zero_copy_cases() {
+  const std::vector<int64_t> self = {1, 17, 300, 129, 64}, cross_q = {5, 0, 200, 64, 7}, cross_k = {300, 10, 0, 64, 3};
+  std::vector<PackedCase> out;
+  for (int64_t d : {64, 128}) {
+    out.push_back({self, self, 8, 2, d, true, DType::bf16, "", "auto"});
+    out.push_back({cross_q, cross_k, 4, 4, d, false, DType::fp16, "", "auto"});
+    out.push_back({{256, 256, 256}, {256, 256, 256}, 4, 1, d, true, DType::bf16, "", "auto"});  // a dense batch
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Step5, GpuZeroCopy, ::testing::ValuesIn(zero_copy_cases()),
+                         [](const ::testing::TestParamInfo<PackedCase>& info) { return param_name(packed_name(info.param)); });
+
 // The K/V tiles a packed batch's blocks walk, by brute force: for each sequence, head and query tile of Br
 // rows, the key tiles of Bc keys where some row of the tile sees some key (core/score_mod.h, visible_range).
 int64_t tiles_with_a_visible_pair(const Problem& p, const Varlen& v, int64_t Br, int64_t Bc) {
@@ -224,6 +288,8 @@ TEST(VarlenDeclarations, Step4RunsTheForwardOfAPackedBatch) {
   EXPECT_TRUE(find_stage("step5_backward").has_varlen && find_stage("step5_backward").make_varlen);  // its own kernels
   for (const Stage& st : stages())  // step 7 (where built): sequence by sequence, no scheduler
     if (st.name == "step7_hopper_wgmma") EXPECT_TRUE(st.has_varlen && !st.make_varlen) << st.name;
+  for (const Stage& st : stages())  // the zero-copy path: steps 4 and 5 only
+    EXPECT_EQ(bool(st.run_device), st.name == "step4_fused_pipelined" || st.name == "step5_backward") << st.name;
   const Varlen v = varlen_from_lengths({3, 4}, {3, 4});
   Problem p = packed_problem({{3, 4}, {3, 4}, 4, 2, 64, true, DType::bf16, "", "auto"}, v);
   p.dropout = 0.1f;

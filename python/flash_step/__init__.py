@@ -16,9 +16,9 @@ of the memory kind). docs/interface.md says more.
 """
 import sys
 
-from ._lib import FlashStepError, gpu_unavailable_reason, library_path, stages, version
+from ._lib import FlashStepError, gpu_unavailable_reason, last_call_copied, library_path, stages, version
 
-__all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "attention_with_kvcache", "resolve", "FlashStepError", "version", "stages",
+__all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "attention_with_kvcache", "resolve", "FlashStepError", "version", "stages", "last_call_copied",
            "gpu_unavailable_reason", "library_path"]
 
 

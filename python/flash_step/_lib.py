@@ -94,6 +94,9 @@ def lib():
     so.fs_stage_memory.argtypes = [i32]
     so.fs_gpu_unavailable_reason.restype = ctypes.c_char_p
     so.fs_gpu_unavailable_reason.argtypes = []
+    if hasattr(so, "fs_last_call_copied"):  # version 1.2
+        so.fs_last_call_copied.restype = i32
+        so.fs_last_call_copied.argtypes = []
     major = so.fs_version() // 1000
     if major != VERSION_MAJOR:
         raise FlashStepError(UNAVAILABLE, f"{path} has interface version {so.fs_version()}, this package needs "
@@ -179,6 +182,15 @@ def stages():
     so = lib()
     return [(so.fs_stage_name(i).decode(), "device" if so.fs_stage_memory(i) == DEVICE else "host")
             for i in range(so.fs_stage_count())]
+
+
+def last_call_copied():
+    """How this thread's last successful call ran: 0 on the device tensors in place (the zero-copy path), 1
+    through copies on the host, -1 on host memory (docs/interface.md, "Device memory")."""
+    so = lib()
+    if not hasattr(so, "fs_last_call_copied"):
+        raise FlashStepError(UNAVAILABLE, f"{library_path()} predates interface version 1.2 (fs_last_call_copied)")
+    return so.fs_last_call_copied()
 
 
 def gpu_unavailable_reason():

@@ -36,21 +36,40 @@ def _options(q, causal, scale, stage, variant):
 
 
 class _on_device:
-    """For a CUDA tensor: its device current, and the work already queued on its stream finished (the
-    library copies on the legacy default stream and returns when its outputs are complete)."""
+    """For a CUDA tensor: its device current, and the call ordered with the tensor's current stream. The
+    library runs on the legacy default stream (the zero-copy path queues its kernels there; the copy path
+    returns when its outputs are written): on torch's default stream nothing needs to wait; on another stream,
+    the library's stream waits for it before, and it for the library's stream after."""
 
     def __init__(self, t):
         self.t = t
         self.guard = torch.cuda.device(t.device) if t.is_cuda else None
+        self.stream = None
 
     def __enter__(self):
         if self.guard is not None:
             self.guard.__enter__()
-            torch.cuda.current_stream(self.t.device).synchronize()
+            stream = torch.cuda.current_stream(self.t.device)
+            if stream.cuda_stream != 0:
+                self.stream = stream
+                torch.cuda.default_stream(self.t.device).wait_stream(stream)
 
     def __exit__(self, *exc):
         if self.guard is not None:
+            if self.stream is not None:
+                self.stream.wait_stream(torch.cuda.default_stream(self.t.device))
             self.guard.__exit__(*exc)
+
+
+def _lse_empty(q, B, Hq, Nq):
+    """The LSE [B, Hq, Nq] laid out [Hq, B, Nq]: the packed layout the zero-copy path writes in place."""
+    return torch.empty_strided((B, Hq, Nq), (Nq, B * Nq, 1), dtype=_lse_dtype(q), device=q.device)
+
+
+def _dense(t):
+    """A CUDA tensor as the zero-copy path reads it: contiguous (a copy on the device where it is not, as
+    FlashAttention's own wrapper makes it; the C interface would copy it through the host)."""
+    return t.contiguous() if t.is_cuda else t
 
 
 def _same_kind(tensors, names):
@@ -67,9 +86,10 @@ def _same_kind(tensors, names):
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
                       stage: Optional[str], variant: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor]:
     _same_kind([q, k, v], ["q", "k", "v"])
+    q, k, v = _dense(q), _dense(k), _dense(v)
     B, Nq, Hq, d = q.shape
     o = torch.empty((B, Nq, Hq, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, Hq, Nq), dtype=_lse_dtype(q), device=q.device)
+    lse = _lse_empty(q, B, Hq, Nq)
     with _on_device(q):
         _lib.forward(_options(q, causal, scale, stage, variant), _view(q), _view(k), _view(v), _view(o), _view(lse))
     return o, lse
@@ -78,7 +98,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
 @attention_forward.register_fake
 def _(q, k, v, causal, scale, stage, variant):
     B, Nq, Hq, d = q.shape
-    return q.new_empty((B, Nq, Hq, d)), q.new_empty((B, Hq, Nq), dtype=_lse_dtype(q))
+    return q.new_empty((B, Nq, Hq, d)), _lse_empty(q, B, Hq, Nq)
 
 
 @torch.library.custom_op("flash_step::attention_backward", mutates_args=())
@@ -86,6 +106,7 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                        lse: torch.Tensor, causal: bool, scale: float, stage: Optional[str],
                        variant: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _same_kind([q, k, v, o, dout], ["q", "k", "v", "o", "dout"])
+    q, k, v, o, dout = (_dense(x) for x in (q, k, v, o, dout))
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -172,6 +193,7 @@ def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              cu_seqlens_k: torch.Tensor, causal: bool, scale: float, stage: Optional[str],
                              variant: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor]:
     cq, ck = _host_i32(cu_seqlens_q, "cu_seqlens_q"), _host_i32(cu_seqlens_k, "cu_seqlens_k")
+    q, k, v = _dense(q), _dense(k), _dense(v)
     total, Hq, d = q.shape
     o = torch.empty((total, Hq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((1, Hq, total), dtype=_lse_dtype(q), device=q.device)
@@ -194,6 +216,7 @@ def attention_varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tens
                               scale: float, stage: Optional[str],
                               variant: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     cq, ck = _host_i32(cu_seqlens_q, "cu_seqlens_q"), _host_i32(cu_seqlens_k, "cu_seqlens_k")
+    dout, q, k, v, o = (_dense(x) for x in (dout, q, k, v, o))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     with _on_device(q):
         _lib.backward_varlen(_options(q, causal, scale, stage, variant), _packed_view(q, "q"), _packed_view(k, "k"),

@@ -69,10 +69,14 @@ FORWARD_ONLY = {"step3_naive_kernel", "step4_fused_pipelined"}  # the GPU stages
 
 class Check:
     def check(self, dtype, device, B=2, Nq=128, Nk=128, Hq=4, Hkv=2, d=64, causal=False, stage=None, variant=None,
-              backward=True):
+              backward=True, strided=False, copied=None):
+        """Under the rule against SDPA; `strided`: Q, K, V, dO laid out [B, H, N, d] behind their [B, N, H, d]
+        views; `copied`: what fs_last_call_copied must say after the last call (the backward's, or the forward's)."""
         torch.manual_seed(0)
         make = lambda *shape: (torch.randn(*shape, device=device) + 0.5).to(dtype)  # noqa: E731
         q, k, v, dout = make(B, Nq, Hq, d), make(B, Nk, Hkv, d), make(B, Nk, Hkv, d), make(B, Nq, Hq, d)
+        if strided:
+            q, k, v, dout = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v, dout))
         scale = d ** -0.5
         ref_dtype = torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
         up = lambda *xs: [x.to(ref_dtype) for x in xs]  # noqa: E731
@@ -87,6 +91,8 @@ class Check:
             base_err = (b.to(ref_dtype) - r).abs().max().item()
             tol = 2 * base_err + 1e-5 * max(1.0, r.abs().max().item())
             self.assertLessEqual(err, tol, f"{what}: {name} error {err:.3g}, naive {base_err:.3g}")
+        if copied is not None:
+            self.assertEqual(flash_step.last_call_copied(), copied, what)
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
@@ -140,6 +146,39 @@ class TorchGpu(unittest.TestCase, Check):
             self.check(torch.bfloat16, "cuda", causal=True, stage=stage, Nq=96, Nk=160,
                        backward=stage not in FORWARD_ONLY)
         self.check(torch.bfloat16, "cuda", stage="step5_backward", variant="atomic")
+
+    def test_zero_copy_and_copy_paths(self):
+        """bf16/fp16 tensors run in place on the default stages (the zero-copy path: 4g's forward, step 5's packed
+        backward reading the O and LSE given; strided inputs made contiguous on the device first); a padded head
+        dim and a stage without the path go through the host. All under the rule."""
+        for dtype in (torch.bfloat16, torch.float16):
+            for d in (64, 128):
+                self.check(dtype, "cuda", B=3, Nq=96, Nk=160, Hq=8, Hkv=2, d=d, causal=True, copied=0)
+                self.check(dtype, "cuda", B=3, Nq=96, Nk=160, Hq=8, Hkv=2, d=d, causal=True, strided=True, copied=0)
+        self.check(torch.bfloat16, "cuda", B=2, Nq=300, Nk=300, Hq=4, Hkv=4, d=64, copied=0)
+        self.check(torch.bfloat16, "cuda", d=96, causal=True, copied=1)  # padded, on copies
+        if torch.cuda.get_device_capability()[0] == 9:  # a stage without a zero-copy path copies
+            self.check(torch.bfloat16, "cuda", stage="step7_hopper_wgmma", copied=1)
+
+    def test_zero_copy_lse_in_any_layout(self):
+        """The zero-copy forward writes the LSE in place when laid out [Hq, B, Nq], else through a scratch; the
+        backward reads either: the same bits both ways."""
+        from flash_step import _lib, _torch
+        torch.manual_seed(6)
+        B, N, H, d = 3, 200, 4, 64
+        q, k, v, dout = ((torch.randn(B, N, H, d, device="cuda") + 0.5).to(torch.bfloat16) for _ in range(4))
+        o, lse = flash_step.attention(q, k, v, causal=True, return_lse=True)  # [Hq, B, Nq] underneath
+        self.assertEqual((lse.stride(), flash_step.last_call_copied()), ((N, B * N, 1), 0))
+        o2, lse2 = torch.empty_like(o), torch.empty(B, H, N, device="cuda")  # contiguous [B, Hq, Nq]
+        opts = _torch._options(q, True, None, None, None)
+        _lib.forward(opts, *(_torch._view(x) for x in (q, k, v, o2, lse2)))
+        self.assertEqual(flash_step.last_call_copied(), 0)
+        torch.cuda.synchronize()
+        self.assertTrue(torch.equal(o, o2) and torch.equal(lse, lse2))
+        grads = [flash_step.attention_backward(dout, q, k, v, o, x, causal=True) for x in (lse, lse2)]
+        self.assertEqual(flash_step.last_call_copied(), 0)
+        for a, b in zip(*grads):
+            self.assertTrue(torch.equal(a, b))
 
     def test_fp32_on_step3_and_mqa(self):
         self.check(torch.float32, "cuda", stage="step3_naive_kernel", Nq=64, Nk=96, Hq=4, Hkv=1, causal=True,
