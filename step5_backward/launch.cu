@@ -164,14 +164,15 @@ class BackwardRunner final : public GpuRunner {
 // (packed_rows.h), each pass one launch per kernel; the outputs in the packed layout, poisoned first.
 class PackedBackwardRunner final : public GpuRunner {
  public:
-  PackedBackwardRunner(const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant)
+  PackedBackwardRunner(const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant,
+                       const PackedForwardFactory& forward)
       : GpuRunner(packed_grid_problem(p, v), with_a_row(p, packed)), total_q_(v.total_q()), total_k_(v.total_k()) {
     const std::vector<int32_t> words = step4::packed_words(v);
     cu_ = DeviceBuffer(words.size() * sizeof(int32_t));
     CUDA_CHECK(cudaMemcpy(cu_.get(), words.data(), cu_.bytes(), cudaMemcpyHostToDevice));
     const PackedRows rows = step4::packed_batch_at<PackedRows>(cu_.as<int>(), v, p.Hq, p.Hkv);
     const auto [bwd, fwd] = split_variant(variant);
-    forward_ = step4::make_packed_forward(p_, params_, rows, total_q_, total_k_, fwd);
+    forward_ = forward(p_, params_, rows, total_q_, total_k_, fwd);
     if (!p.backward) return;
     const Inputs in = with_a_row(p, packed);
     const size_t bytes = size_t(dtype_bytes(p.dtype));
@@ -245,6 +246,11 @@ std::unique_ptr<Runner> make_runner(const Problem& p, const Inputs& in, const st
   return std::make_unique<BackwardRunner>(p, in, variant, forward);
 }
 
+std::unique_ptr<Runner> make_packed_runner(const Problem& p, const Varlen& v, const Inputs& packed,
+                                           const std::string& variant, const PackedForwardFactory& forward) {
+  return std::make_unique<PackedBackwardRunner>(p, v, packed, variant, forward);
+}
+
 Stage stage() {
   Stage s;
   s.name = "step5_backward";
@@ -255,7 +261,7 @@ Stage stage() {
   // (packed_rows.h), one launch each.
   s.has_varlen = true;
   s.make_varlen = [](const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant) -> std::unique_ptr<Runner> {
-    return std::make_unique<PackedBackwardRunner>(p, v, packed, variant);
+    return make_packed_runner(p, v, packed, variant, step4::make_packed_forward);
   };
   // "atomic-sm120" runs the atomic variant's sm_120 tiles on any GPU (the H100 test grid).
   s.variants = {"deterministic", "atomic", "atomic-sm120"};

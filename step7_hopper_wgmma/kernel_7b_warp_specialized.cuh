@@ -21,6 +21,7 @@
 #include "step4_fused_pipelined/epilogue.cuh"
 #include "step4_fused_pipelined/fragments.cuh"
 #include "step4_fused_pipelined/mask.h"
+#include "step4_fused_pipelined/paged_kv.h"
 #include "step4_fused_pipelined/ring.cuh"
 #include "step4_fused_pipelined/scheduler.cuh"
 #include "step4_fused_pipelined/softmax.h"
@@ -32,19 +33,22 @@ namespace fa::step7 {
 
 // The producer's loop, run by one thread: Q into sm.q (completing q_full), then K and V tile n into slot
 // n % kStages as soon as the 8 consumer warps have released that slot's previous tile (n - kStages).
-// 7c runs it as it is.
-template <class Tr, class S>
+// 7c runs it as it is. Where the tiles lie is kv's (step 4's policies, paged_kv.h): the dense [BH, N, d] rows,
+// or a packed batch's (7e).
+template <class Tr, class S, class Kv = step4::ContiguousKv>
 __device__ __forceinline__ void produce(S& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                        const CUtensorMap* tm_v, const step4::QueryTileWork& w) {
+                                        const CUtensorMap* tm_v, const step4::QueryTileWork& w, const Kv& kv = {}) {
   constexpr int Bc = Tr::Bc, kStages = Tr::kStages;
   const step4::TmaRing<kStages> k_ring{sm.k_full, sm.k_empty}, v_ring{sm.v_full, sm.v_empty};
-  step4::tma_load_tile<typename Tr::QTile>(sm.q, tm_q, w.m0, w.bh, &sm.q_full);
+  const step4::KvTileAt qa = kv.q_tile(w.b, w.bh, w.m0);
+  step4::tma_load_tile<typename Tr::QTile>(sm.q, tm_q, qa.row, qa.bh, &sm.q_full);
   for (int n = 0; n < w.n_tiles; ++n) {
     const int s = k_ring.slot(n);
     if (n >= kStages) ptx::mbar_wait(&sm.k_empty[s], k_ring.parity(n - kStages));  // tile n - kStages released
-    k_ring.template load<typename Tr::KVTile>(n, sm.k[0], tm_k, n * Bc, w.bh_kv);
+    const step4::KvTileAt at = kv.tile(w.b, w.bh_kv, n * Bc);
+    k_ring.template load<typename Tr::KVTile>(n, sm.k[0], tm_k, at.row, at.bh);
     if (n >= kStages) ptx::mbar_wait(&sm.v_empty[s], v_ring.parity(n - kStages));
-    v_ring.template load<typename Tr::KVTile>(n, sm.v[0], tm_v, n * Bc, w.bh_kv);
+    v_ring.template load<typename Tr::KVTile>(n, sm.v[0], tm_v, at.row, at.bh);
   }
 }
 

@@ -24,6 +24,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "step7_hopper_wgmma/kernel_7b_warp_specialized.cuh"
 
 namespace fa::step7 {
@@ -59,6 +61,11 @@ struct Turns {
 template <class Tr>
 using BlockTurns = Turns<Tr::kConsumerWarpgroups>;
 
+// A packed batch's epilogue (kernel_7e_packed.cuh): O and the LSE row by row at the sequence's places.
+template <class Tr, int kOTiles, class Softmax, class Kv>
+__device__ __forceinline__ void store_o_packed(float (&o)[kOTiles][4], Softmax& softmax, const step4::QueryTileWork& w,
+                                               int warp, const AttnParams& seq, const Kv& kv);
+
 // Where the consumers find a query tile: its Q tile, the barrier that says it landed (and in which phase),
 // and the K/V ring's use of its first K/V tile (the ring's index counts uses: slot and phase, ring.cuh).
 // This kernel's block owns one tile: {sm.q, &sm.q_full, 0, 0}.
@@ -72,10 +79,12 @@ struct TileSlots {
 
 // One consumer warpgroup's main loop and epilogue; cw = 0 or 1 (run_consumer below decides whether it is a
 // constant).
-template <class Tr, class S>
+// p is the problem the tile's rows belong to (a packed batch's sequence, 7e); kv says where O and the LSE go:
+// the dense layout, stored with TMA, or a packed batch's rows, one by one (kernel_7e_packed.cuh).
+template <class Tr, class S, class Kv = step4::ContiguousKv>
 __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o, const AttnParams& p,
                                                  const step4::QueryTileWork& w, const TileSlots<typename Tr::T>& at,
-                                                 const int cw) {
+                                                 const int cw, const Kv& kv = {}) {
   using T = typename Tr::T;
   const BlockTurns<Tr> turn{cw};
   constexpr int D = Tr::D, Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
@@ -150,20 +159,21 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
     fence_regs(o);
     v_ring.release(i0 + N - 1);
   }
-  step4::store_o_rows<Tr>(o, softmax, at.q, tm_o, w.m0, w.bh, warp, p);
+  if constexpr (std::is_same_v<Kv, step4::ContiguousKv>) step4::store_o_rows<Tr>(o, softmax, at.q, tm_o, w.m0, w.bh, warp, p);
+  else store_o_packed<Tr>(o, softmax, w, warp, p, kv);
 }
 
 // Consumer warpgroup wg - 1 runs consume_pingpong: with cw in a register (one copy of the loop in the
 // binary), or, in one branch per warpgroup, with cw a constant the compiler folds in (a copy each; the turns'
 // barrier ids become immediates). Which: the configuration's kOneLoopCopy (kernel_traits.h).
-template <class Tr, class S>
+template <class Tr, class S, class Kv = step4::ContiguousKv>
 __device__ __forceinline__ void run_consumer(S& sm, const CUtensorMap* tm_o, const AttnParams& p,
                                              const step4::QueryTileWork& w, const TileSlots<typename Tr::T>& at,
-                                             const int wg) {
+                                             const int wg, const Kv& kv = {}) {
   static_assert(Tr::kOneLoopCopy || Tr::kConsumerWarpgroups <= 2, "a copy per warpgroup is written out for two");
-  if constexpr (Tr::kOneLoopCopy || Tr::kConsumerWarpgroups == 1) consume_pingpong<Tr>(sm, tm_o, p, w, at, wg - 1);
-  else if (wg == 1) consume_pingpong<Tr>(sm, tm_o, p, w, at, 0);
-  else consume_pingpong<Tr>(sm, tm_o, p, w, at, 1);
+  if constexpr (Tr::kOneLoopCopy || Tr::kConsumerWarpgroups == 1) consume_pingpong<Tr>(sm, tm_o, p, w, at, wg - 1, kv);
+  else if (wg == 1) consume_pingpong<Tr>(sm, tm_o, p, w, at, 0, kv);
+  else consume_pingpong<Tr>(sm, tm_o, p, w, at, 1, kv);
 }
 
 // grid = ceil(Nq / Br) * Hq * B blocks, block = 384 threads (producer + two consumer warpgroups), or 256 (one,

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/padded_head_dim.h"
+#include "core/varlen.h"
 #include "gpu/config_list.h"
 #include "gpu/cuda_util.h"
 #include "gpu/gpu_types.h"
@@ -29,6 +30,20 @@ extern template std::function<void()> prepare_named<__nv_bfloat16, 64>(const std
 extern template std::function<void()> prepare_named<__nv_bfloat16, 128>(const std::string&, const Problem&, const AttnParams&);
 extern template std::function<void()> prepare_named<__half, 64>(const std::string&, const Problem&, const AttnParams&);
 extern template std::function<void()> prepare_named<__half, 128>(const std::string&, const Problem&, const AttnParams&);
+
+// 7e's set-up of a packed batch at 7c's default tiles (prepare.cuh), compiled once per dtype and head dim
+// (instances_packed_*.cu).
+template <typename T, int D>
+std::function<void()> prepare_packed(const Problem& p, const AttnParams& params, const step4::PackedBatch& pb,
+                                     int64_t total_q, int64_t total_k);
+#define FA_STEP7_PACKED(T, D)                                                                                    \
+  extern template std::function<void()> prepare_packed<T, D>(const Problem&, const AttnParams&, const step4::PackedBatch&, \
+                                                             int64_t, int64_t);
+FA_STEP7_PACKED(__nv_bfloat16, 64)
+FA_STEP7_PACKED(__nv_bfloat16, 128)
+FA_STEP7_PACKED(__half, 64)
+FA_STEP7_PACKED(__half, 128)
+#undef FA_STEP7_PACKED
 
 namespace {
 
@@ -69,13 +84,32 @@ std::function<void()> make_forward(const Problem& p, const AttnParams& params, c
   return f;
 }
 
+// 7e: a packed batch in 7c's kernel at the default tiles, one launch (kernel_7e_packed.cuh).
+std::function<void()> make_packed_forward(const Problem& grid, const AttnParams& params, const step4::PackedBatch& pb,
+                                          int64_t total_q, int64_t total_k, const std::string& variant) {
+  if (variant != "auto" && variant != "7c-pingpong")
+    throw std::invalid_argument("step 7 runs a packed batch in 7c's kernel at the default tiles (7e): --variant auto "
+                                "or 7c-pingpong, not " + variant);
+  std::function<void()> f;
+  dispatch_dtype</*kAllowFp32=*/false>(grid.dtype, [&](auto t) {
+    dispatch_head_dim(int(grid.d), [&](auto dim) {
+      f = prepare_packed<decltype(t), decltype(dim)::value>(grid, params, pb, total_q, total_k);
+    });
+  });
+  return f;
+}
+
 Stage stage() {
   Stage s;
   s.name = "step7_hopper_wgmma";
   s.title = "Hopper forward: wgmma, producer warpgroup + setmaxnreg, ping-pong consumers (sm_90a)";
   s.platform = &hopper_platform();
   s.has_backward = true;
-  s.has_varlen = true;  // a packed batch sequence by sequence, as step 5 (core/varlen.h's loop)
+  // A packed batch (core/varlen.h): 7e's forward, one launch, then step 5's packed backward.
+  s.has_varlen = true;
+  s.make_varlen = [](const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant) {
+    return step5::make_packed_runner(p, v, packed, step5::with_forward("deterministic", variant), make_packed_forward);
+  };
   s.backward_from = "step5_backward";
   s.variants = {"auto", "7a-wgmma", "7b-specialized", "7c-pingpong", "7d-persistent"};
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});

@@ -19,6 +19,7 @@
 #include "step7_hopper_wgmma/kernel_7b_warp_specialized.cuh"
 #include "step7_hopper_wgmma/kernel_7c_pingpong.cuh"
 #include "step7_hopper_wgmma/kernel_7d_persistent.cuh"
+#include "step7_hopper_wgmma/kernel_7e_packed.cuh"
 
 namespace fa::step7 {
 
@@ -60,6 +61,27 @@ std::function<void()> prepare(const Problem& p, const AttnParams& params) {
       CUDA_CHECK_LAUNCH();
     };
   }
+}
+
+// 7e's set-up: a packed batch (kernel_7e_packed.cuh) at 7c's default tiles. p is the batch as the grid sees
+// it (B sequences, Nq = max_seqlen_q, Nk = max_seqlen_k); params point at the packed tensors, pb at the offsets.
+template <typename T, int D>
+std::function<void()> prepare_packed(const Problem& p, const AttnParams& params, const step4::PackedBatch& pb,
+                                     int64_t total_q, int64_t total_k) {
+  using Tr = typename Configs<T, D>::Default;
+  constexpr size_t kSmem = kSmemBytes<Tr>;
+  require_smem_optin(kSmem, "7e's kernel");
+  const int64_t blocks = (p.Nq + Tr::Br - 1) / Tr::Br * p.Hq * p.B;
+  if (blocks > 0x7fffffff) throw std::invalid_argument("problem too large for a 1-D grid");
+  const CUtensorMap tq = make_tensor_map_packed(params.q, p.dtype, total_q, p.Hq, D, Tr::Br);
+  const CUtensorMap tk = make_tensor_map_packed(params.k, p.dtype, total_k, p.Hkv, D, Tr::Bc);
+  const CUtensorMap tv = make_tensor_map_packed(params.v, p.dtype, total_k, p.Hkv, D, Tr::Bc);
+  CUDA_CHECK(cudaFuncSetAttribute(forward_7e<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+  return [=] {
+    if (blocks == 0) return;
+    forward_7e<Tr><<<unsigned(blocks), Tr::kThreads, kSmem>>>(tq, tk, tv, params, pb);
+    CUDA_CHECK_LAUNCH();
+  };
 }
 
 // The set-up of the configuration named `name` for element type T and head dim D (configs.h).

@@ -7,8 +7,9 @@
 // d = 64 and 128, at the tiles of both defaults. Each run launches twice, the second time over poisoned
 // outputs, so every element is written by every launch. The scheduler's test counts the K/V tiles the blocks
 // walk against brute force: the (query tile, key tile) pairs of each sequence that hold a visible pair. The
-// backward: step 5's kernels over the packed rows (packed_rows.h), whose gradients repeat bit for bit, and
-// step 7 sequence by sequence, against step 1 the same way. The zero-copy path (Stage::run_device) gives the
+// backward: step 5's kernels over the packed rows (packed_rows.h), whose gradients repeat bit for bit, after
+// 4g's forward or step 7e's (7c's kernel over the offsets), against step 1 the same way; 7e's forward on the
+// batches above. The zero-copy path (Stage::run_device) gives the
 // Runners' bits.
 #include <cstring>
 #include <tuple>
@@ -81,13 +82,13 @@ std::vector<PackedCase> cases() {
 
 class GpuVarlen : public ::testing::TestWithParam<PackedCase> {};
 
-TEST_P(GpuVarlen, MatchesEachSequenceOnStep1) {
-  const PackedCase& c = GetParam();
+// Stage `spec` ("name:variant") on case c's packed batch, launched twice (the second time over poisoned outputs).
+void check_packed_forward(const PackedCase& c, const std::string& spec) {
   const Varlen v = varlen_from_lengths(c.lq, c.lk);
   const Problem p = packed_problem(c, v);
   const Stage* s = nullptr;
   std::string variant;
-  if (const std::string why = resolve("step4_fused_pipelined:" + c.variant, s, variant); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = resolve(spec, s, variant); !why.empty()) GTEST_SKIP() << why;
   ASSERT_TRUE(s->has_varlen && s->make_varlen);
   const Inputs in = random_packed_inputs(p, v);
   auto runner = make_varlen_runner(*s, p, v, in, variant);
@@ -109,11 +110,36 @@ TEST_P(GpuVarlen, MatchesEachSequenceOnStep1) {
       }
 }
 
+TEST_P(GpuVarlen, MatchesEachSequenceOnStep1) { check_packed_forward(GetParam(), "step4_fused_pipelined:" + GetParam().variant); }
+
 INSTANTIATE_TEST_SUITE_P(Step4, GpuVarlen, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<PackedCase>& info) { return param_name(packed_name(info.param)); });
 
+// Step 7e: the same batches (those without score modifiers: step 7 takes none) through 7c's kernel.
+class GpuVarlenStep7 : public ::testing::TestWithParam<PackedCase> {};
+
+TEST_P(GpuVarlenStep7, MatchesEachSequenceOnStep1) {
+  if (std::none_of(stages().begin(), stages().end(), [](const Stage& st) { return st.name == "step7_hopper_wgmma"; }))
+    GTEST_SKIP() << "step 7 is not built (only for sm_90)";
+  check_packed_forward(GetParam(), "step7_hopper_wgmma:" + GetParam().variant);
+}
+
+std::vector<PackedCase> step7_cases() {
+  std::vector<PackedCase> out;
+  for (PackedCase c : cases())
+    if (c.mods.empty() && c.variant == "auto") {
+      out.push_back(c);
+      c.variant = "7c-pingpong";
+      if (c.d == 128) out.push_back(c);
+    }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Step7, GpuVarlenStep7, ::testing::ValuesIn(step7_cases()),
+                         [](const ::testing::TestParamInfo<PackedCase>& info) { return param_name(packed_name(info.param)); });
+
 // The backward of a packed batch: step 5's deterministic kernels over the packed rows (packed_rows.h), and
-// step 7 sequence by sequence (core/varlen.h's loop). O, LSE, dQ, dK and dV against step 1 under the rule
+// step 7 (7e's forward, then the same kernels). O, LSE, dQ, dK and dV against step 1 under the rule
 // (every element written: the gradients start poisoned); step 5's gradients repeat bit for bit.
 struct BwdCase {
   std::string stage;
@@ -286,8 +312,8 @@ TEST(VarlenDeclarations, Step4RunsTheForwardOfAPackedBatch) {
   EXPECT_TRUE(bool(s.make_varlen));
   EXPECT_FALSE(find_stage("step3_naive_kernel").has_varlen);
   EXPECT_TRUE(find_stage("step5_backward").has_varlen && find_stage("step5_backward").make_varlen);  // its own kernels
-  for (const Stage& st : stages())  // step 7 (where built): sequence by sequence, no scheduler
-    if (st.name == "step7_hopper_wgmma") EXPECT_TRUE(st.has_varlen && !st.make_varlen) << st.name;
+  for (const Stage& st : stages())  // step 7 (where built): 7e's kernel
+    if (st.name == "step7_hopper_wgmma") EXPECT_TRUE(st.has_varlen && st.make_varlen) << st.name;  // 7e
   for (const Stage& st : stages())  // the zero-copy path: steps 4 and 5 only
     EXPECT_EQ(bool(st.run_device), st.name == "step4_fused_pipelined" || st.name == "step5_backward") << st.name;
   const Varlen v = varlen_from_lengths({3, 4}, {3, 4});

@@ -4,12 +4,13 @@
     /usr/bin/python3 docs/bench/varlen_bench.py [--batches short long] > varlen.jsonl      (after ./run.sh build)
 
 Two batches of Hq = Hkv = 16 heads, bf16, lengths uniform (seed 7): "short", 512 sequences of 32 to 512 tokens,
-and "long", 16 of 256 to 4096. At d = 64 and 128, causal or not: the scheduler (step 4g's forward, step 5's
-packed backward: one launch per kernel) against the loop (step 7 on each sequence in turn: its forward, step 5's
-dense backward), the dense batch padded to its longest sequence (steps 4 and 5), each sequence alone summed
-(step 4, long batch) and PyTorch's SDPA (flash backend) on a jagged nested tensor (forward). Times are the
-harness's (--bench: CUDA events, warm-up, median); TFLOP/s count the unpadded work (backward: 2.5x).
-The records in docs/results/raw/varlen-*.jsonl came from this script's parts in three runs (docs/interface.md)."""
+and "long", 16 of 256 to 4096. At d = 64 and 128, causal or not: the packed kernels (step 4g's forward, step 5's
+packed backward, step 7e's forward: one launch per kernel), the dense batch padded to its longest sequence (steps
+4 and 5), each sequence alone summed (step 4, long batch) and PyTorch's SDPA (flash backend) on a jagged nested
+tensor (forward); --packed-only: the packed kernels alone. Times are the harness's (--bench: CUDA events,
+warm-up, median); TFLOP/s count the unpadded work (backward: 2.5x). The records in
+docs/results/raw/varlen-*.jsonl came from this script's parts in four runs (docs/interface.md); the three
+first timed step 7 on each sequence in turn (step7_loop_*), before 7e."""
 import argparse
 import json, random, re, subprocess, sys, statistics
 B4, B5, B7 = ("build/step4_fused_pipelined/step4_fused_pipelined", "build/step5_backward/step5_backward",
@@ -42,6 +43,7 @@ def torch_njt(lens, H, d, causal, rounds=30):
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--batches", nargs="+", default=["short", "long"], choices=["short", "long"])
+ap.add_argument("--packed-only", action="store_true", help="only the packed kernels (4g, step 5's, 7e)")
 args = ap.parse_args()
 H = 16
 for name, n, lo, hi in (("short", 512, 32, 512), ("long", 16, 256, 4096)):
@@ -59,14 +61,15 @@ for name, n, lo, hi in (("short", 512, 32, 512), ("long", 16, 256, 4096)):
             flops = 4 * H * d * pairs
             rec = {"batch": name, "d": d, "causal": causal, "sequences": n, "tokens": cu[-1], "max_len": max(lens), "flops_fwd": flops}
             rec["step4_packed_fwd_ms"], _ = run(B4, packed, False)
-            rec["step4_padded_fwd_ms"], _ = run(B4, ["--batch", str(n), "--seq", str(max(lens)), *base], False)
-            rec["torch_njt_fwd_ms"] = torch_njt(lens, H, d, causal)
+            rec["step7_packed_fwd_ms"], rec["step7_packed_bwd_ms"] = run(B7, packed, True)
             _, rec["step5_packed_bwd_ms"] = run(B5, packed, True)
-            _, rec["step5_padded_bwd_ms"] = run(B5, ["--batch", str(n), "--seq", str(max(lens)), *base], True)
-            if name == "long":
-                alone = [run(B4, ["--batch", "1", "--seq", str(L), *base], False)[0] for L in lens]
-                rec["step4_alone_summed_fwd_ms"] = sum(alone) if None not in alone else None
-            rec["step7_loop_fwd_ms"], rec["step7_loop_bwd_ms"] = run(B7, packed, True)
+            if not args.packed_only:
+                rec["step4_padded_fwd_ms"], _ = run(B4, ["--batch", str(n), "--seq", str(max(lens)), *base], False)
+                rec["torch_njt_fwd_ms"] = torch_njt(lens, H, d, causal)
+                _, rec["step5_padded_bwd_ms"] = run(B5, ["--batch", str(n), "--seq", str(max(lens)), *base], True)
+                if name == "long":
+                    alone = [run(B4, ["--batch", "1", "--seq", str(L), *base], False)[0] for L in lens]
+                    rec["step4_alone_summed_fwd_ms"] = sum(alone) if None not in alone else None
             for k in list(rec):
                 if k.endswith("_ms") and rec[k]:
                     rec[k[:-3] + "_tflops"] = (2.5 if "_bwd" in k else 1.0) * flops / (rec[k] * 1e-3) / 1e12

@@ -127,9 +127,12 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.args = (causal, scale, stage, variant)
     ctx.mark_non_differentiable(lse)  # the LSE is returned for inspection: no gradient flows through it
+    ctx.set_materialize_grads(False)  # so its gradient stays None instead of a tensor of zeros filled per step
 
 
 def _backward(ctx, dout, _dlse):
+    if dout is None:  # no gradient reached O (grads are not materialized: set_materialize_grads(False))
+        return None, None, None, None, None, None, None
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward(dout, q, k, v, o, lse, *ctx.args)
     return dq, dk, dv, None, None, None, None
@@ -237,9 +240,12 @@ def _varlen_setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
     ctx.args = (causal, scale, stage, variant)
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
 
 
 def _varlen_backward(ctx, dout, _dlse):
+    if dout is None:
+        return None, None, None, None, None, None, None, None, None
     q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
     dq, dk, dv = attention_varlen_backward(dout, q, k, v, o, lse, cu_q, cu_k, *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None

@@ -118,6 +118,25 @@ class TorchCpu(unittest.TestCase, Check):
         for leaf, g in zip(leaves, grads):
             self.assertTrue(torch.equal(leaf.grad, torch.from_numpy(g)))
 
+    def test_gradcheck(self):
+        """gradcheck's finite differences in fp64 (step 1's reference on the CPU) against the C backward. The
+        stages' tensors are fp32 (docs/interface.md), so the inputs and the step are multiples of 2^-10, which
+        fp32 holds exactly: the differences see fp64 arithmetic, and the tolerance only the step's O(eps^2)."""
+        torch.manual_seed(7)
+        q, k, v = ((torch.randn(1, 6, 2, 8, dtype=torch.float64) * 1024).round() / 1024 for _ in range(3))
+        inputs = [x.requires_grad_() for x in (q, k, v)]
+        self.assertTrue(torch.autograd.gradcheck(lambda q, k, v: flash_step.attention(q, k, v, causal=True), inputs,
+                                                 eps=2.0 ** -10, atol=1e-4, rtol=1e-3))
+
+    def test_opcheck(self):
+        """torch.library.opcheck on the forward op: its schema, fake tensors, autograd registration and AOT
+        dispatch (what torch.compile relies on)."""
+        from flash_step import _torch  # noqa: F401
+        torch.manual_seed(7)
+        q, k, v = (torch.randn(1, 6, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        for args in ((q, k, v, True, 0.0, None, None), (q, k, v, False, 0.5, None, None)):
+            torch.library.opcheck(torch.ops.flash_step.attention_forward.default, args)
+
     def test_op_is_registered_with_its_schema(self):
         from flash_step import _torch  # noqa: F401  (what a first torch call imports: it registers the ops)
         self.assertTrue(hasattr(torch.ops.flash_step, "attention_forward"))
@@ -178,6 +197,17 @@ class TorchGpu(unittest.TestCase, Check):
         grads = [flash_step.attention_backward(dout, q, k, v, o, x, causal=True) for x in (lse, lse2)]
         self.assertEqual(flash_step.last_call_copied(), 0)
         for a, b in zip(*grads):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_torch_compile(self):
+        """torch.compile(fullgraph=True) through the op, forward and backward: the eager values and gradients."""
+        torch.manual_seed(8)
+        make = lambda *shape: (torch.randn(*shape, device="cuda") + 0.5).to(torch.bfloat16)  # noqa: E731
+        q, k, v, dout = make(2, 128, 4, 64), make(2, 128, 2, 64), make(2, 128, 2, 64), make(2, 128, 4, 64)
+        fn = lambda q, k, v: flash_step.attention(q * 1.0, k, v, causal=True)  # noqa: E731  (a torch op around it)
+        eager = run_with_grads(fn, [q, k, v], dout)
+        compiled = run_with_grads(torch.compile(fn, fullgraph=True), [q, k, v], dout)
+        for a, b in zip(eager, compiled):
             self.assertTrue(torch.equal(a, b))
 
     def test_fp32_on_step3_and_mqa(self):
