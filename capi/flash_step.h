@@ -116,8 +116,8 @@ FS_API fs_status fs_forward_kvcache(const fs_options* options, const fs_tensor* 
  * [1, total_q, Hq, d], k, v [1, total_k, Hkv, d] (a batch of one), the LSE [1, Hq, total_q];
  * cu_seqlens_q and cu_seqlens_k (host int32, batch + 1 entries each, from 0) say where each sequence starts.
  * Sequence b's queries see only its own keys, causal bottom-right in them. The CPU stages run it sequence by
- * sequence (steps 1 and 2: core/varlen.h); on the GPU, step 4's forward (4g) and step 5's backward read the
- * offsets themselves, one launch per kernel, and step 7 runs the sequences one by one. Without a stage named, a
+ * sequence (steps 1 and 2: core/varlen.h); on the GPU, step 4's forward (4g), step 7's (7e) and step 5's
+ * backward read the offsets themselves, one launch per kernel. Without a stage named, a
  * GPU call goes to step 5 (its forward is 4g). The backward reads O and the LSE on the zero-copy path. */
 FS_API fs_status fs_forward_varlen(const fs_options* options, const fs_tensor* q, const fs_tensor* k,
                                    const fs_tensor* v, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,

@@ -263,7 +263,7 @@ class TorchGpu(unittest.TestCase, Check):
         self.assertIn("not a page of k_cache", str(c.exception))
 
     def test_varlen_on_the_gpu_against_sdpa_per_sequence(self):
-        """A packed bf16 batch on the GPU (step 4g's forward, step 5 backward sequence by sequence), O and the
+        """A packed bf16 batch on the GPU (step 4g's forward, step 5's packed backward), O and the
         gradients against SDPA in fp32 on each sequence alone, under the rule; an empty sequence included."""
         torch.manual_seed(5)
         lens_q, lens_k = [37, 0, 300, 1, 129], [37, 5, 300, 64, 200]
