@@ -276,9 +276,9 @@ Plan plan_call(const fs_options* o, const fs_tensor* q_arg, const fs_tensor* k_a
   }
   std::string reasons;
   // Latest first; a packed batch goes first to a stage with a scheduler of its own (one launch, Stage::make_varlen:
-  // steps 5 and 4), before the stages that loop over its sequences, and device memory first to a stage with a
-  // zero-copy path (Stage::run_device: steps 5 and 4), which runs on the caller's tensors where the others copy
-  // them through the host (a step 7 call copies: 10x a tiny GPT's step time, python/examples/tiny_gpt).
+  // steps 7, 5 and 4), before the stages that loop over its sequences, and device memory first to a stage with a
+  // zero-copy path (Stage::run_device: steps 7, 5 and 4), which runs on the caller's tensors where the others
+  // copy them through the host (17x a tiny GPT's step time, python/examples/tiny_gpt).
   auto first = [&](const Stage& s) {
     return (varlen && s.has_varlen && s.make_varlen) || (pl.memory == FS_DEVICE && s.run_device);
   };

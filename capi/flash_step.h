@@ -11,8 +11,8 @@
  * Every call returns a status; on anything but FS_OK, fs_last_error() says why, in one sentence. No call
  * aborts, and no C++ exception crosses this interface. The last error is per thread.
  *
- * Device memory, two paths. The zero-copy path: a bf16/fp16 call on steps 4 or 5 (the default stage for device
- * memory), d = 64 or 128, every [B, N, H, d] tensor contiguous and 16-byte aligned, runs the kernels on the
+ * Device memory, two paths. The zero-copy path: a bf16/fp16 call on steps 4, 5 or 7 (the default stages for
+ * device memory), d = 64 or 128, every [B, N, H, d] tensor contiguous and 16-byte aligned, runs the kernels on the
  * caller's tensors, queued on the CUDA legacy default stream (stream 0): the call returns once they are queued,
  * and work the caller queues on that stream afterwards sees the outputs. The LSE is read and written in place
  * when laid out [Hq, B, Nq] (strides Nq, B * Nq, 1 of the [B, Hq, Nq] view), else through a device scratch.
@@ -117,8 +117,8 @@ FS_API fs_status fs_forward_kvcache(const fs_options* options, const fs_tensor* 
  * cu_seqlens_q and cu_seqlens_k (host int32, batch + 1 entries each, from 0) say where each sequence starts.
  * Sequence b's queries see only its own keys, causal bottom-right in them. The CPU stages run it sequence by
  * sequence (steps 1 and 2: core/varlen.h); on the GPU, step 4's forward (4g), step 7's (7e) and step 5's
- * backward read the offsets themselves, one launch per kernel. Without a stage named, a
- * GPU call goes to step 5 (its forward is 4g). The backward reads O and the LSE on the zero-copy path. */
+ * backward read the offsets themselves, one launch per kernel. Without a stage named, a GPU call goes to step 7
+ * on an sm_90 GPU (7e), else to step 5 (4g). The backward reads O and the LSE on the zero-copy path. */
 FS_API fs_status fs_forward_varlen(const fs_options* options, const fs_tensor* q, const fs_tensor* k,
                                    const fs_tensor* v, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
                                    int32_t batch, const fs_tensor* o, const fs_tensor* lse);

@@ -25,9 +25,17 @@ std::function<void()> make_forward(const Problem& p, const AttnParams& params, c
 std::function<void()> make_packed_forward(const Problem& grid, const AttnParams& params, const PackedBatch& pb,
                                           int64_t total_q, int64_t total_k, const std::string& variant = "auto");
 
-// 4g on a packed batch already on the device (Stage::run_device, core/stage.h): "" once queued on the
-// default stream, or why the call is not for it (a head dim without kernels, modifiers, dropout, a variant
-// other than auto, sm90, sm120, an empty batch). Step 5's zero-copy forward is this.
+// A packed batch's forward set-up on device tensors (grid: B sequences of the longest lengths; pb: the offsets
+// on the device), returning its launch: make_packed_forward (4g), or step 7's (7e).
+using PackedForward = std::function<std::function<void()>(const Problem& grid, const AttnParams& params, const PackedBatch& pb,
+                                                          int64_t total_q, int64_t total_k, const std::string& variant)>;
+
+// A packed forward on a batch already on the device (Stage::run_device, core/stage.h): "" once queued on the
+// default stream, or why the call is not for it (a head dim without kernels, modifiers, dropout, an empty
+// batch), before anything is queued; the offsets go to stream-ordered memory.
+std::string run_packed_on_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant,
+                                 const PackedForward& forward);
+// 4g's: run_packed_on_device with make_packed_forward, at auto, sm90 or sm120. Step 5's zero-copy forward.
 std::string run_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant = "auto");
 
 // 4g's scheduler, seen from a test: the K/V tiles the blocks of one run of a packed batch walk, all together

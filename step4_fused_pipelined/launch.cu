@@ -172,20 +172,26 @@ std::function<void()> make_packed_forward(const Problem& grid, const AttnParams&
   return f;
 }
 
-std::string run_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant) {
-  if (p.backward) return "step 4 has no backward";
-  if (variant != "auto" && variant != "sm90" && variant != "sm120") return "--variant " + variant + " is not 4g's";
+std::string run_packed_on_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant,
+                                 const PackedForward& forward) {
+  if (p.backward) return "a forward's path";
   if (std::string why = unsupported(p); !why.empty()) return why;
   if (p.d != 64 && p.d != 128) return "head dim " + std::to_string(p.d) + " runs zero-padded, on copies";
   if (p.dropout > 0 || p.has_score_mods()) return "dropout and the score modifiers need their device buffers";
   if (v.total_q() == 0 || v.total_k() == 0) return "a batch without queries or keys";
-  if (compute_capability_major() < 9) return "4g's kernel loads its tiles with TMA (sm_90 and later)";
+  if (compute_capability_major() < 9) return "a packed batch's kernels load their tiles with TMA (sm_90 and later)";
   const Problem grid = packed_grid_problem(p, v);
   const StreamBuffer words(packed_words(v));
   AttnParams a = attn_params_of(grid);
   a.q = t.q, a.k = t.k, a.v = t.v, a.o = t.o, a.lse = t.lse;
-  make_packed_forward(grid, a, packed_batch_at(words.as<int>(), v, p.Hq, p.Hkv), v.total_q(), v.total_k(), variant)();
+  forward(grid, a, packed_batch_at(words.as<int>(), v, p.Hq, p.Hkv), v.total_q(), v.total_k(), variant)();
   return "";
+}
+
+std::string run_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant) {
+  if (p.backward) return "step 4 has no backward";
+  if (variant != "auto" && variant != "sm90" && variant != "sm120") return "--variant " + variant + " is not 4g's";
+  return run_packed_on_device(p, v, t, variant, make_packed_forward);
 }
 
 int64_t packed_tiles_walked(const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant) {

@@ -5,14 +5,7 @@
 #include <string>
 
 #include "core/stage.h"
-
-namespace fa {
-struct AttnParams;
-struct Varlen;
-namespace step4 {
-struct PackedBatch;
-}
-}
+#include "step4_fused_pipelined/fused.h"
 
 namespace fa::step5 {
 
@@ -31,12 +24,13 @@ using ForwardFactory =
 std::unique_ptr<Runner> make_runner(const Problem& p, const Inputs& in, const std::string& variant,
                                     const ForwardFactory& forward);
 
-// A packed batch's forward set-up on a runner's device tensors (p: the grid's problem, B sequences of the
-// longest lengths; pb: the offsets on the device), returning its launch: step 4's make_packed_forward (4g), or
-// step 7's (7e).
-using PackedForwardFactory =
-    std::function<std::function<void()>(const Problem& grid, const AttnParams& params, const step4::PackedBatch& pb,
-                                        int64_t total_q, int64_t total_k, const std::string& variant)>;
+// The zero-copy path (core/stage.h, Stage::run_device): a forward runs 4g (step 4's run_device) at the
+// forward part of `variant`; a backward runs the packed kernels on the caller's tensors from the O and LSE
+// given. Step 7's backward is this one.
+std::string run_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant);
+
+// A packed batch's forward set-up (step 4's PackedForward): 4g's make_packed_forward, or step 7's (7e).
+using PackedForwardFactory = step4::PackedForward;
 // Step 5's packed runner (core/varlen.h: Stage::make_varlen) with the forward `forward` makes for the part of
 // `variant` after "/fwd=": step 7 runs a packed batch with its own forward and this backward.
 std::unique_ptr<Runner> make_packed_runner(const Problem& p, const Varlen& v, const Inputs& packed,

@@ -214,6 +214,8 @@ class PackedBackwardRunner final : public GpuRunner {
   std::function<void()> forward_, backward_;
 };
 
+}  // namespace
+
 // The zero-copy path (Stage::run_device): the forward is 4g's (step 4's run_device); the backward runs the
 // packed kernels on the caller's tensors, from the O and LSE it gives, with D in stream-ordered memory.
 std::string run_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant) {
@@ -238,8 +240,6 @@ std::string run_device(const Problem& p, const Varlen& v, const DeviceBatch& t, 
   });
   return "";  // dsum and words are freed behind the kernels: the dQ kernel's stream joined the default one
 }
-
-}  // namespace
 
 std::unique_ptr<Runner> make_runner(const Problem& p, const Inputs& in, const std::string& variant,
                                     const ForwardFactory& forward) {

@@ -99,6 +99,13 @@ std::function<void()> make_packed_forward(const Problem& grid, const AttnParams&
   return f;
 }
 
+// The zero-copy path (Stage::run_device): 7e's forward on the caller's tensors; the backward is step 5's.
+std::string run_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant) {
+  if (p.backward) return step5::run_device(p, v, t, "deterministic");
+  if (variant != "auto" && variant != "7c-pingpong") return "--variant " + variant + " is not 7e's";
+  return step4::run_packed_on_device(p, v, t, variant, make_packed_forward);
+}
+
 Stage stage() {
   Stage s;
   s.name = "step7_hopper_wgmma";
@@ -110,6 +117,7 @@ Stage stage() {
   s.make_varlen = [](const Problem& p, const Varlen& v, const Inputs& packed, const std::string& variant) {
     return step5::make_packed_runner(p, v, packed, step5::with_forward("deterministic", variant), make_packed_forward);
   };
+  s.run_device = run_device;  // 7e and step 5's packed backward on the caller's tensors (the C interface)
   s.backward_from = "step5_backward";
   s.variants = {"auto", "7a-wgmma", "7b-specialized", "7c-pingpong", "7d-persistent"};
   s.tuning_variants = config_names(Configs<__nv_bfloat16, 64>::All{});

@@ -192,22 +192,31 @@ INSTANTIATE_TEST_SUITE_P(Steps5And7, GpuVarlenBackward, ::testing::ValuesIn(back
                            return param_name(info.param.stage + "_" + packed_name(info.param.c));
                          });
 
-// The zero-copy path (Stage::run_device; the C interface's device calls): step 5's forward (4g) and backward on
-// tensors the test uploaded itself, the outputs poisoned first, give the bits of the same kernels run through
-// step 5's Runner (whose backward starts from its own forward's O and LSE, as run_device's is given them).
-class GpuZeroCopy : public ::testing::TestWithParam<PackedCase> {};
+// The zero-copy path (Stage::run_device; the C interface's device calls): step 5's forward (4g) or step 7's (7e)
+// and step 5's packed backward on tensors the test uploaded itself, the outputs poisoned first, give the bits of
+// the same kernels run through the stage's Runner (whose backward starts from its own forward's O and LSE, as
+// run_device's is given them).
+struct ZeroCopyCase {
+  std::string stage, variant;  // step 5 (4g's forward) or step 7 (7e's), and the variant both paths run
+  PackedCase c;
+};
+class GpuZeroCopy : public ::testing::TestWithParam<ZeroCopyCase> {};
 
 TEST_P(GpuZeroCopy, GivesTheRunnersBits) {
-  const PackedCase& c = GetParam();
+  const PackedCase& c = GetParam().c;
+  const std::string& variant = GetParam().variant;
   const Varlen v = varlen_from_lengths(c.lq, c.lk);
   Problem p = packed_problem(c, v);
   p.backward = true;
+  const std::string& stage = GetParam().stage;
+  if (std::none_of(stages().begin(), stages().end(), [&](const Stage& st) { return st.name == stage; }))
+    GTEST_SKIP() << stage << " is not built (step 7: only for sm_90)";
   const Stage* s = nullptr;
-  std::string variant;
-  if (const std::string why = resolve("step5_backward", s, variant); !why.empty()) GTEST_SKIP() << why;
+  std::string default_variant;
+  if (const std::string why = resolve(stage, s, default_variant); !why.empty()) GTEST_SKIP() << why;
   ASSERT_TRUE(bool(s->run_device));
   const Inputs in = random_packed_inputs(p, v);
-  auto runner = make_varlen_runner(*s, p, v, in, "deterministic");
+  auto runner = make_varlen_runner(*s, p, v, in, variant);
   runner->run();
   runner->run_backward();
   const Outputs want = runner->outputs();
@@ -220,8 +229,8 @@ TEST_P(GpuZeroCopy, GivesTheRunnersBits) {
   const DeviceBatch t{q.get(), k.get(), vv.get(), o.get(), lse.as<float>(), dout.get(), dq.get(), dk.get(), dv.get()};
   Problem fwd = p;
   fwd.backward = false;
-  ASSERT_EQ(s->run_device(fwd, v, t, "deterministic"), "");
-  ASSERT_EQ(s->run_device(p, v, t, "deterministic"), "");
+  ASSERT_EQ(s->run_device(fwd, v, t, variant), "");
+  ASSERT_EQ(s->run_device(p, v, t, variant), "");
   CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<int64_t> qs = {v.total_q(), p.Hq, p.d}, ks = {v.total_k(), p.Hkv, p.d};
   for (const auto& [got, w, name] : {std::tuple{download(o, p.dtype, qs), &want.o, "O"},
@@ -234,25 +243,32 @@ TEST_P(GpuZeroCopy, GivesTheRunnersBits) {
   Problem d96 = p, mods = p;
   d96.d = 96;
   mods.softcap = 0.5f;
-  EXPECT_NE(s->run_device(d96, v, t, "deterministic"), "");
-  EXPECT_NE(s->run_device(mods, v, t, "deterministic"), "");
-  EXPECT_NE(s->run_device(p, v, t, "atomic"), "");
-  EXPECT_NE(s->run_device(p, varlen_from_lengths({3}, {0}), t, "deterministic"), "");
+  Problem fwd96 = fwd, fwd_mods = fwd;
+  fwd96.d = 96;
+  fwd_mods.softcap = 0.5f;
+  for (const Problem* other : {&d96, &mods, &fwd96, &fwd_mods}) EXPECT_NE(s->run_device(*other, v, t, variant), "");
+  if (stage == "step5_backward") EXPECT_NE(s->run_device(p, v, t, "atomic"), "");  // not the packed kernels
+  else EXPECT_NE(s->run_device(fwd, v, t, "7a-wgmma"), "");                       // not 7e
+  EXPECT_NE(s->run_device(fwd, varlen_from_lengths({3}, {0}), t, variant), "");
 }
 
-std::vector<PackedCase> zero_copy_cases() {
+std::vector<ZeroCopyCase> zero_copy_cases() {
   const std::vector<int64_t> self = {1, 17, 300, 129, 64}, cross_q = {5, 0, 200, 64, 7}, cross_k = {300, 10, 0, 64, 3};
-  std::vector<PackedCase> out;
-  for (int64_t d : {64, 128}) {
-    out.push_back({self, self, 8, 2, d, true, DType::bf16, "", "auto"});
-    out.push_back({cross_q, cross_k, 4, 4, d, false, DType::fp16, "", "auto"});
-    out.push_back({{256, 256, 256}, {256, 256, 256}, 4, 1, d, true, DType::bf16, "", "auto"});  // a dense batch
-  }
+  std::vector<ZeroCopyCase> out;
+  for (const auto& [stage, variant] : {std::pair<std::string, std::string>{"step5_backward", "deterministic"},
+                                       {"step7_hopper_wgmma", "auto"}})
+    for (int64_t d : {64, 128}) {
+      out.push_back({stage, variant, {self, self, 8, 2, d, true, DType::bf16, "", "auto"}});
+      out.push_back({stage, variant, {cross_q, cross_k, 4, 4, d, false, DType::fp16, "", "auto"}});
+      out.push_back({stage, variant, {{256, 256, 256}, {256, 256, 256}, 4, 1, d, true, DType::bf16, "", "auto"}});  // dense
+    }
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Step5, GpuZeroCopy, ::testing::ValuesIn(zero_copy_cases()),
-                         [](const ::testing::TestParamInfo<PackedCase>& info) { return param_name(packed_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Steps5And7, GpuZeroCopy, ::testing::ValuesIn(zero_copy_cases()),
+                         [](const ::testing::TestParamInfo<ZeroCopyCase>& info) {
+                           return param_name(info.param.stage + "_" + packed_name(info.param.c));
+                         });
 
 // The K/V tiles a packed batch's blocks walk, by brute force: for each sequence, head and query tile of Br
 // rows, the key tiles of Bc keys where some row of the tile sees some key (core/score_mod.h, visible_range).
@@ -314,8 +330,10 @@ TEST(VarlenDeclarations, Step4RunsTheForwardOfAPackedBatch) {
   EXPECT_TRUE(find_stage("step5_backward").has_varlen && find_stage("step5_backward").make_varlen);  // its own kernels
   for (const Stage& st : stages())  // step 7 (where built): 7e's kernel
     if (st.name == "step7_hopper_wgmma") EXPECT_TRUE(st.has_varlen && st.make_varlen) << st.name;  // 7e
-  for (const Stage& st : stages())  // the zero-copy path: steps 4 and 5 only
-    EXPECT_EQ(bool(st.run_device), st.name == "step4_fused_pipelined" || st.name == "step5_backward") << st.name;
+  for (const Stage& st : stages())  // the zero-copy path: steps 4, 5 and 7
+    EXPECT_EQ(bool(st.run_device), st.name == "step4_fused_pipelined" || st.name == "step5_backward" ||
+                                       st.name == "step7_hopper_wgmma")
+        << st.name;
   const Varlen v = varlen_from_lengths({3, 4}, {3, 4});
   Problem p = packed_problem({{3, 4}, {3, 4}, 4, 2, 64, true, DType::bf16, "", "auto"}, v);
   p.dropout = 0.1f;

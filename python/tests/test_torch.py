@@ -167,17 +167,19 @@ class TorchGpu(unittest.TestCase, Check):
         self.check(torch.bfloat16, "cuda", stage="step5_backward", variant="atomic")
 
     def test_zero_copy_and_copy_paths(self):
-        """bf16/fp16 tensors run in place on the default stages (the zero-copy path: 4g's forward, step 5's packed
-        backward reading the O and LSE given; strided inputs made contiguous on the device first); a padded head
-        dim and a stage without the path go through the host. All under the rule."""
+        """bf16/fp16 tensors run in place on the default stage (the zero-copy path: 7e's forward on an sm_90 GPU,
+        else 4g's, and step 5's packed backward reading the O and LSE given; strided inputs made contiguous on the
+        device first); a padded head dim and a stage without the path go through the host. All under the rule."""
         for dtype in (torch.bfloat16, torch.float16):
             for d in (64, 128):
                 self.check(dtype, "cuda", B=3, Nq=96, Nk=160, Hq=8, Hkv=2, d=d, causal=True, copied=0)
                 self.check(dtype, "cuda", B=3, Nq=96, Nk=160, Hq=8, Hkv=2, d=d, causal=True, strided=True, copied=0)
         self.check(torch.bfloat16, "cuda", B=2, Nq=300, Nk=300, Hq=4, Hkv=4, d=64, copied=0)
         self.check(torch.bfloat16, "cuda", d=96, causal=True, copied=1)  # padded, on copies
-        if torch.cuda.get_device_capability()[0] == 9:  # a stage without a zero-copy path copies
-            self.check(torch.bfloat16, "cuda", stage="step7_hopper_wgmma", copied=1)
+        self.check(torch.bfloat16, "cuda", stage="step3_naive_kernel", backward=False, copied=1)  # no zero-copy path
+        if torch.cuda.get_device_capability()[0] == 9:  # step 7 (7e and step 5's packed backward) in place
+            self.check(torch.bfloat16, "cuda", B=3, Nq=96, Nk=160, Hq=8, Hkv=2, d=128, causal=True,
+                       stage="step7_hopper_wgmma", copied=0)
 
     def test_zero_copy_lse_in_any_layout(self):
         """The zero-copy forward writes the LSE in place when laid out [Hq, B, Nq], else through a scratch; the
