@@ -82,9 +82,8 @@ def _same_kind(tensors, names):
             raise ValueError(f"{n} has shape {tuple(t.shape)}: attention takes [B, N, H, d]")
 
 
-@torch.library.custom_op("flash_step::attention_forward", mutates_args=())
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                      stage: Optional[str], variant: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+def _forward(q, k, v, causal, scale, stage, variant):
+    """O and the LSE through fs_forward: the body of the forward op and of the eager path (_Attention)."""
     _same_kind([q, k, v], ["q", "k", "v"])
     q, k, v = _dense(q), _dense(k), _dense(v)
     B, Nq, Hq, d = q.shape
@@ -93,6 +92,25 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     with _on_device(q):
         _lib.forward(_options(q, causal, scale, stage, variant), _view(q), _view(k), _view(v), _view(o), _view(lse))
     return o, lse
+
+
+def _backward_impl(dout, q, k, v, o, lse, causal, scale, stage, variant):
+    """dQ, dK, dV through fs_backward: the body of the backward op and of the eager path's backward."""
+    _same_kind([q, k, v, o, dout], ["q", "k", "v", "o", "dout"])
+    q, k, v, o, dout = (_dense(x) for x in (q, k, v, o, dout))
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    with _on_device(q):
+        _lib.backward(_options(q, causal, scale, stage, variant), _view(q), _view(k), _view(v), _view(o),
+                      _view(lse), _view(dout), _view(dq), _view(dk), _view(dv))
+    return dq, dk, dv
+
+
+@torch.library.custom_op("flash_step::attention_forward", mutates_args=())
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                      stage: Optional[str], variant: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, causal, scale, stage, variant)
 
 
 @attention_forward.register_fake
@@ -105,15 +123,7 @@ def _(q, k, v, causal, scale, stage, variant):
 def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse: torch.Tensor, causal: bool, scale: float, stage: Optional[str],
                        variant: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _same_kind([q, k, v, o, dout], ["q", "k", "v", "o", "dout"])
-    q, k, v, o, dout = (_dense(x) for x in (q, k, v, o, dout))
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    with _on_device(q):
-        _lib.backward(_options(q, causal, scale, stage, variant), _view(q), _view(k), _view(v), _view(o),
-                      _view(lse), _view(dout), _view(dq), _view(dk), _view(dv))
-    return dq, dk, dv
+    return _backward_impl(dout, q, k, v, o, lse, causal, scale, stage, variant)
 
 
 @attention_backward.register_fake
@@ -139,6 +149,25 @@ def _backward(ctx, dout, _dlse):
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Attention(torch.autograd.Function):
+    """The eager path: the ops' bodies under a plain autograd.Function. The custom op's dispatch, checks and
+    autograd wrapping cost the host about 0.5 ms a forward and backward (docs/bench/call_overhead.py), more than
+    the C calls themselves at a small model's sizes; torch.compile still sees the op (attention, below)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, stage, variant):
+        o, lse = _forward(q, k, v, causal, scale, stage, variant)
+        _setup_context(ctx, (q, k, v, causal, scale, stage, variant), (o, lse))
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        if dout is None:
+            return None, None, None, None, None, None, None
+        q, k, v, o, lse = ctx.saved_tensors
+        return (*_backward_impl(dout, q, k, v, o, lse, *ctx.args), None, None, None, None)
 
 
 @torch.library.custom_op("flash_step::attention_with_kvcache", mutates_args=())
@@ -263,7 +292,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=No
 
 
 def attention(q, k, v, causal=False, scale=None, stage=None, variant=None, return_lse=False):
-    o, lse = attention_forward(q, k, v, bool(causal), float(scale or 0.0), stage, variant)
+    args = (q, k, v, bool(causal), float(scale or 0.0), stage, variant)
+    # Traced (torch.compile): the registered op, which the compiler knows; eager: the same bodies, lighter.
+    o, lse = attention_forward(*args) if torch.compiler.is_compiling() else _Attention.apply(*args)
     return (o, lse) if return_lse else o
 
 
