@@ -114,7 +114,7 @@ struct Stage {
   // the device: with p.backward the backward, from the O and LSE given, otherwise the forward. Queued on the
   // default stream, nothing copied; the only allocations (the offsets, a backward's D) are stream-ordered.
   // Returns "" once queued, or why this call is not for it (a head dim without kernels, a modifier), before
-  // touching anything: the caller then copies through a Runner. Unset: Runners only. Steps 4 and 5 set it.
+  // touching anything: the caller then copies through a Runner. Unset: Runners only. Steps 4, 5 and 7 set it.
   std::function<std::string(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant)>
       run_device;
   // Stages that run another stage's kernels for a pass name it here (step 5's forward is step 4's), so a

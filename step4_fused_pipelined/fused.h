@@ -30,9 +30,11 @@ std::function<void()> make_packed_forward(const Problem& grid, const AttnParams&
 using PackedForward = std::function<std::function<void()>(const Problem& grid, const AttnParams& params, const PackedBatch& pb,
                                                           int64_t total_q, int64_t total_k, const std::string& variant)>;
 
+// Why a packed batch on the device is not for the zero-copy path's kernels (a head dim without kernels,
+// modifiers or dropout, whose buffers only a Runner makes, an empty batch, a GPU without TMA), or "".
+std::string packed_device_refusal(const Problem& p, const Varlen& v);
 // A packed forward on a batch already on the device (Stage::run_device, core/stage.h): "" once queued on the
-// default stream, or why the call is not for it (a head dim without kernels, modifiers, dropout, an empty
-// batch), before anything is queued; the offsets go to stream-ordered memory.
+// default stream, or the refusal above, before anything is queued; the offsets go to stream-ordered memory.
 std::string run_packed_on_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant,
                                  const PackedForward& forward);
 // 4g's: run_packed_on_device with make_packed_forward, at auto, sm90 or sm120. Step 5's zero-copy forward.

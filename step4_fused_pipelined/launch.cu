@@ -172,14 +172,19 @@ std::function<void()> make_packed_forward(const Problem& grid, const AttnParams&
   return f;
 }
 
-std::string run_packed_on_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant,
-                                 const PackedForward& forward) {
-  if (p.backward) return "a forward's path";
+std::string packed_device_refusal(const Problem& p, const Varlen& v) {
   if (std::string why = unsupported(p); !why.empty()) return why;
   if (p.d != 64 && p.d != 128) return "head dim " + std::to_string(p.d) + " runs zero-padded, on copies";
   if (p.dropout > 0 || p.has_score_mods()) return "dropout and the score modifiers need their device buffers";
   if (v.total_q() == 0 || v.total_k() == 0) return "a batch without queries or keys";
   if (compute_capability_major() < 9) return "a packed batch's kernels load their tiles with TMA (sm_90 and later)";
+  return "";
+}
+
+std::string run_packed_on_device(const Problem& p, const Varlen& v, const DeviceBatch& t, const std::string& variant,
+                                 const PackedForward& forward) {
+  if (p.backward) return "a forward's path";
+  if (std::string why = packed_device_refusal(p, v); !why.empty()) return why;
   const Problem grid = packed_grid_problem(p, v);
   const StreamBuffer words(packed_words(v));
   AttnParams a = attn_params_of(grid);

@@ -222,10 +222,7 @@ std::string run_device(const Problem& p, const Varlen& v, const DeviceBatch& t, 
   const auto [bwd, fwd] = split_variant(variant);
   if (!p.backward) return step4::run_device(p, v, t, fwd);
   if (bwd != "deterministic") return "--variant " + bwd + " is not the packed kernels' (deterministic)";
-  if (std::string why = step4::unsupported(p); !why.empty()) return why;
-  if (p.d != 64 && p.d != 128) return "head dim " + std::to_string(p.d) + " runs zero-padded, on copies";
-  if (p.dropout > 0 || p.has_score_mods()) return "dropout and the score modifiers need their device buffers";
-  if (v.total_q() == 0 || v.total_k() == 0) return "a batch without queries or keys";
+  if (std::string why = step4::packed_device_refusal(p, v); !why.empty()) return why;
   const Problem grid = packed_grid_problem(p, v);
   const StreamBuffer words(step4::packed_words(v)), dsum(size_t(v.total_q() * p.Hq) * sizeof(float));
   AttnParams a = attn_params_of(grid);
