@@ -143,6 +143,7 @@ TEST(Capi, ForwardFp64IsStep1) {
     const fs_options opt = options_of(p, FS_FP64);
     ASSERT_EQ(fs_forward(&opt, &q.view, &k.view, &v.view, &o.view, &lse.view), FS_OK) << fs_last_error();
     EXPECT_STREQ(fs_last_error(), "");
+    EXPECT_EQ(fs_last_call_copied(), -1);  // host memory: neither in place on a device nor copied to one
     EXPECT_LE(max_diff(from_api<double>(o.view), ref.o), 1e-12) << "causal " << causal;
     EXPECT_LE(max_diff(from_api<double>(lse.view), ref.lse), 1e-12) << "causal " << causal;
   }
