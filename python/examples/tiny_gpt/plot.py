@@ -29,18 +29,19 @@ def main():
                                              ("flash_step", "this course's kernels", "#c0392b", 1.4, "--")):
         r = rec[name]
         steps = range(1, len(r["loss"]) + 1)
-        ax.plot(steps, r["loss"], color=color, alpha=0.25, linewidth=0.8)
-        ax.plot(steps, smooth(r["loss"]), color=color, linewidth=width, linestyle=style,
+        if len(steps) <= 500:  # each step's loss too, where there are few enough to see (longer: noise)
+            ax.plot(steps, r["loss"], color=color, alpha=0.25, linewidth=0.8)
+        ax.plot(steps, smooth(r["loss"], max(10, len(steps) // 100)), color=color, linewidth=width, linestyle=style,
                 label=f"{label}: {r['tokens_per_s'] / 1e3:.0f} k tokens/s")
         ax.plot([s + 1 for s, _ in r["val"]], [v for _, v in r["val"]], "o", color=color,
                 markersize=7 if name == "sdpa" else 3.5)
     ax.set_xlabel("step (16 x 256 tokens)" if rec["batch"] == 16 and rec["context"] == 256 else "step")
-    ax.set_ylabel("cross-entropy (nats per byte); dots: validation")
+    ax.set_ylabel("cross-entropy (nats per byte, mean of the last\n" + f"{max(10, len(rec['sdpa']['loss']) // 100)} steps); dots: validation")
     ax.set_title(f"byte-level GPT, {rec['params'] / 1e6:.1f} M parameters, bf16, one seed ({rec['gpu']})", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(sys.argv[2], dpi=120)
+    fig.savefig(sys.argv[2], dpi=100, pil_kwargs={"optimize": True})
     print(f"wrote {sys.argv[2]}")
 
 

@@ -120,11 +120,11 @@ def train(name, attend, train_data, val_data, a):
         sched.step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
+        losses.append(round(loss.item(), 4))  # the record keeps four decimals: the curves need no more
         if step % a.eval_every == 0 or step == a.steps - 1:
             with torch.no_grad():
                 v = statistics.mean(loss_of(model, vx, vy, attend).item() for vx, vy in val)
-            vals.append([step, v])
+            vals.append([step, round(v, 4)])
             print(f"[{name}] step {step + 1}/{a.steps}: loss {losses[-1]:.3f}, validation {v:.3f}, "
                   f"{a.batch * a.context / statistics.median(times[-20:]):.0f} tokens/s", flush=True)
     tps = a.batch * a.context / statistics.median(times[5:] or times)
@@ -217,7 +217,7 @@ def main():
         print(f"{n}: loss {r['loss'][0]:.3f} -> {r['loss'][-1]:.3f}, validation {r['val'][-1][1]:.3f}, "
               f"{r['tokens_per_s']:.0f} tokens/s", flush=True)
     with open(a.out, "w") as fh:
-        json.dump(rec, fh, indent=1)
+        json.dump(rec, fh, separators=(",", ":"))  # one line: 2,000 steps of losses stay small
 
 
 if __name__ == "__main__":
