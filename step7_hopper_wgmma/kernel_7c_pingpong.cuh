@@ -159,8 +159,10 @@ __device__ __forceinline__ void consume_pingpong(S& sm, const CUtensorMap* tm_o,
     fence_regs(o);
     v_ring.release(i0 + N - 1);
   }
-  if constexpr (std::is_same_v<Kv, step4::ContiguousKv>) step4::store_o_rows<Tr>(o, softmax, at.q, tm_o, w.m0, w.bh, warp, p);
-  else store_o_packed<Tr>(o, softmax, w, warp, p, kv);
+  if constexpr (std::is_same_v<Kv, step4::ContiguousKv>)
+    step4::store_o_rows<Tr>(o, softmax, at.q, tm_o, w.m0, w.bh, warp, p);  // a TMA box of 16 rows per warp
+  else
+    store_o_packed<Tr>(o, softmax, w, warp, p, kv);  // 7e: row by row, each at its sequence's place
 }
 
 // Consumer warpgroup wg - 1 runs consume_pingpong: with cw in a register (one copy of the loop in the
