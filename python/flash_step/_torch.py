@@ -154,8 +154,7 @@ attention_forward.register_autograd(_backward, setup_context=_setup_context)
 class _Attention(torch.autograd.Function):
     """The eager path: the ops' bodies under a plain autograd.Function, without the custom op's dispatch,
     checks and autograd wrapping, which at a small model's sizes cost the host more than the C calls themselves
-    (docs/bench/call_overhead.py: 0.86 ms a forward and backward through the op in one run on an H200, 0.69 ms
-    this way in another; not an A/B). torch.compile still sees the op (attention, below)."""
+    (docs/bench/call_overhead.py times the calls). torch.compile still sees the op (attention, below)."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, stage, variant):
