@@ -178,6 +178,33 @@ __device__ __forceinline__ void run_consumer(S& sm, const CUtensorMap* tm_o, con
   else consume_pingpong<Tr>(sm, tm_o, p, w, at, 1, kv);
 }
 
+// A block's work once its tile is known: barriers, then the roles (7b's producer, the ping-pong consumers).
+// p: the problem the tile's rows belong to; kv: where the tiles lie and the outputs go (7e passes a packed
+// batch's).
+template <class Tr, class S, class Kv = step4::ContiguousKv>
+__device__ __forceinline__ void run_block(S& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                          const CUtensorMap* tm_v, const CUtensorMap* tm_o, const AttnParams& p,
+                                          const step4::QueryTileWork& w, const int wg, const Kv& kv = {}) {
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(&sm.q_full, 1);
+    step4::TmaRing<Tr::kStages>{sm.k_full, sm.k_empty}.init(Tr::kConsumerWarps);
+    step4::TmaRing<Tr::kStages>{sm.v_full, sm.v_empty}.init(Tr::kConsumerWarps);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();  // the barriers exist before anyone waits on them (the last block-wide barrier)
+  if (wg == 0) {  // the producer, 7b's
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (threadIdx.x == 0) produce<Tr>(sm, tm_q, tm_k, tm_v, w, kv);
+    return;
+  }
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  const TileSlots<typename Tr::T> at{sm.q, &sm.q_full, 0, 0};
+  const BlockTurns<Tr> turns{wg - 1};
+  turns.open();
+  run_consumer<Tr>(sm, tm_o, p, w, at, wg, kv);
+  turns.close();
+}
+
 // grid = ceil(Nq / Br) * Hq * B blocks, block = 384 threads (producer + two consumer warpgroups), or 256 (one,
 // Br = 64; two blocks per SM).
 template <class Tr>
@@ -190,24 +217,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kBlocksPerSM)
   // what derives from it, the wgmma descriptors of this warpgroup's Q rows, in uniform registers (wgmma.cuh).
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const step4::QueryTileWork w(p, step4::CausalMask(p), Tr::Br, Tr::Bc, blockIdx.x);
-  if (threadIdx.x == 0) {
-    ptx::mbar_init(&sm.q_full, 1);
-    step4::TmaRing<Tr::kStages>{sm.k_full, sm.k_empty}.init(Tr::kConsumerWarps);
-    step4::TmaRing<Tr::kStages>{sm.v_full, sm.v_empty}.init(Tr::kConsumerWarps);
-    ptx::fence_barrier_init();
-  }
-  __syncthreads();  // the barriers exist before anyone waits on them (the last block-wide barrier)
-  if (wg == 0) {  // the producer, 7b's
-    setmaxnreg_dec<Tr::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w);
-    return;
-  }
-  setmaxnreg_inc<Tr::kConsumerRegs>();
-  const TileSlots<typename Tr::T> at{sm.q, &sm.q_full, 0, 0};
-  const BlockTurns<Tr> turns{wg - 1};
-  turns.open();
-  run_consumer<Tr>(sm, &tm_o, p, w, at, wg);
-  turns.close();
+  run_block<Tr>(sm, &tm_q, &tm_k, &tm_v, &tm_o, p, w, wg);
 }
 
 }  // namespace fa::step7

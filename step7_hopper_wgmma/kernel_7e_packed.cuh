@@ -61,24 +61,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kBlocksPerSM)
   const TileRange keys = step4::CausalMask(seq).key_tiles(w.m0, min(w.m0 + Tr::Br, seq.Nq) - 1, Tr::Bc);
   w.n_begin = keys.begin;
   w.n_tiles = keys.count();
-  if (threadIdx.x == 0) {
-    ptx::mbar_init(&sm.q_full, 1);
-    step4::TmaRing<Tr::kStages>{sm.k_full, sm.k_empty}.init(Tr::kConsumerWarps);
-    step4::TmaRing<Tr::kStages>{sm.v_full, sm.v_empty}.init(Tr::kConsumerWarps);
-    ptx::fence_barrier_init();
-  }
-  __syncthreads();  // the barriers exist before anyone waits on them (the last block-wide barrier)
-  if (wg == 0) {  // the producer, 7b's, at the packed coordinates
-    setmaxnreg_dec<Tr::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Tr>(sm, &tm_q, &tm_k, &tm_v, w, kv);
-    return;
-  }
-  setmaxnreg_inc<Tr::kConsumerRegs>();
-  const TileSlots<typename Tr::T> at{sm.q, &sm.q_full, 0, 0};
-  const BlockTurns<Tr> turns{wg - 1};
-  turns.open();
-  run_consumer<Tr>(sm, /*tm_o=*/nullptr, seq, w, at, wg, kv);
-  turns.close();
+  run_block<Tr>(sm, &tm_q, &tm_k, &tm_v, /*tm_o=*/nullptr, seq, w, wg, kv);  // 7c's block, at the packed places
 }
 
 }  // namespace fa::step7
