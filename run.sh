@@ -15,7 +15,7 @@ AWK=(awk)
 # quotes the same), said in the help and before a build compiles GPU stages that no GPU here can run, so
 # that the choice comes before the wait, not after it.
 BUILD_TIME_CPU_ONLY="4 min"
-BUILD_TIME_WITH_GPU="10 min"
+BUILD_TIME_WITH_GPU="9 to 11 min"
 
 usage() {
   cat <<EOF
